@@ -1,0 +1,218 @@
+"""Token sampling with llama.cpp's semantics and defaults.
+
+The chain is llama.cpp's default order (common/sampling.cpp), restricted to the samplers we
+support: penalties -> top_k -> top_p -> min_p -> temperature -> dist. Each stage is a small
+pure function over a set of candidates (token ids plus their logits); `Sampler` wires them
+together once per request and owns the only random state, a seeded `np.random.Generator`.
+
+Temperature <= 0 is greedy: argmax over the penalized logits (llama.cpp's greedy sampler).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeinfer.errors import EdgeInferError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings; the defaults are llama.cpp's (common/common.h)."""
+
+    temperature: float = 0.8
+    top_k: int = 40  # <= 0: disabled
+    top_p: float = 0.95  # >= 1: disabled
+    min_p: float = 0.05  # <= 0: disabled
+    repeat_penalty: float = 1.0  # 1: disabled
+    repeat_last_n: int = 64  # 0: disabled, -1: all of `recent`
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: a random seed, drawn once when the sampler is built
+
+    def __post_init__(self) -> None:
+        if not self.repeat_penalty > 0:
+            raise EdgeInferError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise EdgeInferError(f"repeat_last_n must be >= -1, got {self.repeat_last_n}")
+        if self.seed is not None and self.seed < 0:
+            raise EdgeInferError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def penalties_active(self) -> bool:
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+def apply_penalties(logits: np.ndarray, recent: Sequence[int], params: SamplingParams) -> None:
+    """Penalize, in place, every token seen in the last `repeat_last_n` of `recent`.
+
+    As llama_sampler_penalties: a positive logit is divided by repeat_penalty, any other is
+    multiplied by it; then count * frequency_penalty + presence_penalty is subtracted.
+    """
+    window = recent if params.repeat_last_n == -1 else recent[-params.repeat_last_n :]
+    if len(window) == 0:
+        return
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    in_vocab = (ids >= 0) & (ids < logits.shape[0])
+    ids, counts = ids[in_vocab], counts[in_vocab]
+    values = logits[ids]
+    values = np.where(values <= 0, values * params.repeat_penalty, values / params.repeat_penalty)
+    values -= counts * params.frequency_penalty + params.presence_penalty
+    logits[ids] = values
+
+
+def top_k_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ids and logits of the k largest logits, sorted by descending logit.
+
+    k <= 0 or k >= n_vocab keeps every token. argpartition keeps this O(n_vocab) when k is
+    small; only the survivors are sorted.
+    """
+    n_vocab = logits.shape[0]
+    if 0 < k < n_vocab:
+        ids = np.argpartition(logits, n_vocab - k)[n_vocab - k :]
+    else:
+        ids = np.arange(n_vocab)
+    order = np.argsort(-logits[ids], kind="stable")
+    ids = ids[order]
+    return ids, logits[ids]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax in float64."""
+    shifted = np.exp(logits.astype(np.float64) - np.max(logits))
+    return shifted / shifted.sum()
+
+
+def log_sum_exp(logits: np.ndarray) -> float:
+    """log(sum(exp(logits))), computed stably; the log of softmax's denominator."""
+    peak = float(np.max(logits))
+    return peak + float(np.log(np.sum(np.exp(logits - peak), dtype=np.float64)))
+
+
+def top_p_keep(sorted_logits: np.ndarray, p: float, log_norm: float | None = None) -> int:
+    """How many of the descending `sorted_logits` top-p keeps: the shortest prefix whose
+    probability mass reaches p (llama_sampler_top_p, min_keep = 1).
+
+    `log_norm` is the softmax denominator's log when `sorted_logits` is only the head of the
+    candidates; by default they are all the candidates.
+    """
+    if p >= 1.0:
+        return sorted_logits.shape[0]
+    if log_norm is None:
+        log_norm = log_sum_exp(sorted_logits)
+    cumulative = np.cumsum(np.exp(sorted_logits.astype(np.float64) - log_norm))
+    return int(min(np.searchsorted(cumulative, p, side="left") + 1, sorted_logits.shape[0]))
+
+
+def nucleus_candidates(
+    logits: np.ndarray, p: float, first_try: int = 1024
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-p (p < 1) over the whole vocabulary, as ids and logits sorted best first.
+
+    Same result as `top_p_keep` on the fully sorted logits, without sorting 262k of them:
+    the best `first_try` tokens usually hold mass p already; only if not is all sorted.
+    """
+    n_vocab = logits.shape[0]
+    log_norm = log_sum_exp(logits)
+    head = min(first_try, n_vocab)
+    ids, candidates = top_k_candidates(logits, head)
+    n_keep = top_p_keep(candidates, p, log_norm)
+    if n_keep == head < n_vocab:  # the head may not hold mass p: sort everything
+        ids, candidates = top_k_candidates(logits, n_vocab)
+        n_keep = top_p_keep(candidates, p, log_norm)
+    return ids[:n_keep], candidates[:n_keep]
+
+
+def min_p_filter(
+    ids: np.ndarray, candidates: np.ndarray, p: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates min-p keeps, sorted or not: probability at least p times the best
+    one's, i.e. logit >= max + log(p) (llama_sampler_min_p). The best always survives."""
+    if p <= 0.0:
+        return ids, candidates
+    keep = candidates >= np.max(candidates) + np.log(min(p, 1.0))
+    return ids[keep], candidates[keep]
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Index drawn from the distribution `probs` using one uniform from `rng`."""
+    cumulative = np.cumsum(probs)
+    index = np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")
+    return int(min(index, probs.shape[0] - 1))
+
+
+class Sampler:
+    """A sampling chain built once from `SamplingParams`; its only state is its RNG.
+
+    `sample` never modifies the caller's logits: penalties are applied to a scratch buffer
+    that is allocated on the first call and reused afterwards.
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
+        self.rng = np.random.default_rng(self.seed)
+        self._scratch: np.ndarray | None = None
+
+    def reset(self) -> None:
+        """Re-seed the RNG, so the sampler replays the same random stream."""
+        self.rng = np.random.default_rng(self.seed)
+
+    def sample(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
+        """Pick the next token id from `logits` (n_vocab,), given the tokens so far."""
+        params = self.params
+        if params.penalties_active and len(recent) > 0:
+            logits = self._penalized(logits, recent)
+        if params.temperature <= 0:
+            return int(np.argmax(logits))
+        ids, candidates = self._candidates(logits)
+        probs = softmax(candidates / params.temperature)
+        return int(ids[draw(probs, self.rng)])
+
+    def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and logits that survive top_k -> top_p -> min_p."""
+        params = self.params
+        n_vocab = logits.shape[0]
+        if 0 < params.top_k < n_vocab:
+            ids, candidates = top_k_candidates(logits, params.top_k)
+            n_keep = top_p_keep(candidates, params.top_p)
+            ids, candidates = ids[:n_keep], candidates[:n_keep]
+        elif params.top_p < 1.0:
+            ids, candidates = nucleus_candidates(logits, params.top_p)
+        else:  # every token, unsorted: neither min_p nor the draw needs an order
+            ids, candidates = np.arange(n_vocab), logits
+        return min_p_filter(ids, candidates, params.min_p)
+
+    def _penalized(self, logits: np.ndarray, recent: Sequence[int]) -> np.ndarray:
+        if self._scratch is None or self._scratch.shape != logits.shape:
+            self._scratch = np.empty(logits.shape, dtype=np.float32)
+        np.copyto(self._scratch, logits)
+        apply_penalties(self._scratch, recent, self.params)
+        return self._scratch
+
+
+def make_sampler(params: SamplingParams | None = None) -> Sampler:
+    """Build the sampling chain for one request (defaults: llama.cpp's)."""
+    return Sampler(params if params is not None else SamplingParams())
+
+
+def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most likely tokens and their log-probabilities under softmax(logits).
+
+    Uses the raw logits, before any sampler, as OpenAI's `top_logprobs` and llama-server's
+    `n_probs` report them. Sorted by descending probability.
+    """
+    n_vocab = logits.shape[0]
+    k = max(0, min(k, n_vocab))
+    if k == 0:
+        return []
+    log_norm = log_sum_exp(logits)
+    ids, top = top_k_candidates(logits, k)
+    return [(int(i), float(v) - log_norm) for i, v in zip(ids, top, strict=True)]
