@@ -1,0 +1,45 @@
+"""Architectures registered by GGUF name: each is a config hook plus the tensors it needs.
+
+Adding one is one file in this package that calls `register`; the loader and the forward pass
+read only the `ModelConfig` it builds and the tensors present in the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from edgeinfer.config import ModelConfig
+from edgeinfer.errors import EdgeInferError
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    config_from_gguf: Callable[[dict[str, Any]], ModelConfig]
+    block_tensors: tuple[str, ...]  # per-block tensors the family requires, GGUF names
+
+
+ARCHES: dict[str, Arch] = {}
+
+
+def register(arch: Arch) -> Arch:
+    ARCHES[arch.name] = arch
+    return arch
+
+
+def get_arch(name: str) -> Arch:
+    _load_all()
+    if name not in ARCHES:
+        supported = ", ".join(sorted(ARCHES))
+        raise EdgeInferError(f"unsupported architecture '{name}' (supported: {supported})")
+    return ARCHES[name]
+
+
+def supported_arches() -> list[str]:
+    _load_all()
+    return sorted(ARCHES)
+
+
+def _load_all() -> None:
+    from edgeinfer.arch import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401

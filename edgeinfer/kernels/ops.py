@@ -1,0 +1,174 @@
+"""Element-wise and per-row kernels of the forward pass: norms, rope, activations, embedding.
+
+Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
+including where ggml accumulates in double or rounds to F16, so our logits track
+llama.cpp's. Kernels write into `out` arguments and never allocate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from edgeinfer.kernels.f16 import f16_bits_to_f32, round_f16
+
+
+@njit(parallel=True, cache=True)
+def rms_norm(x, weight, eps, out):
+    """ggml_compute_forward_rms_norm_f32 then mul: squares summed in double, f32 scale.
+
+    x, out (n, dim) f32 (may alias); weight (dim,) f32.
+    """
+    n, dim = x.shape
+    for i in prange(n):
+        acc = 0.0
+        for j in range(dim):
+            acc += np.float64(x[i, j]) * np.float64(x[i, j])
+        scale = np.float32(1.0) / np.sqrt(np.float32(acc / dim) + np.float32(eps))
+        for j in range(dim):
+            out[i, j] = x[i, j] * scale * weight[j]
+
+
+@njit(parallel=True, cache=True)
+def rms_norm_heads(x, weight, eps):
+    """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
+    n, n_heads, hd = x.shape
+    for t in prange(n * n_heads):
+        i, h = t // n_heads, t % n_heads
+        acc = 0.0
+        for j in range(hd):
+            acc += np.float64(x[i, h, j]) * np.float64(x[i, h, j])
+        scale = np.float32(1.0) / np.sqrt(np.float32(acc / hd) + np.float32(eps))
+        for j in range(hd):
+            x[i, h, j] = x[i, h, j] * scale * weight[j]
+
+
+def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
+               factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (n_ctx, n_rot/2) f32, built as ggml_rope_cache_init does: the angle of
+    pair i is pos * s^i with s = powf(base, -2/n_rot) accumulated as a running f32 product
+    (not base**(-2i/d) per i, which differs in the last bits), divided by the optional
+    frequency factor and scaled by freq_scale."""
+    half = n_rot // 2
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    theta = np.empty((n_ctx, half), dtype=np.float32)
+    theta[:, 0] = np.arange(n_ctx, dtype=np.float32)
+    for i in range(1, half):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    if factors is not None:
+        theta /= factors.astype(np.float32)[None, :]
+    theta *= np.float32(freq_scale)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+@njit(parallel=True, cache=True)
+def rope(x, positions, cos, sin, neox):
+    """In-place rotary embedding of x (n, n_heads, head_dim) at absolute positions (n,).
+
+    neox=False (llama, "NORM"): rotate adjacent pairs (2i, 2i+1); the converter permuted
+    Q/K rows so this equals HF's rotate_half. neox=True (qwen2/3, gemma3, phi3): rotate
+    (i, i + n_rot/2). Dims at and past n_rot pass through (phi3 partial rotary).
+    """
+    n, n_heads, _ = x.shape
+    half = cos.shape[1]
+    for t in prange(n * n_heads):
+        i, h = t // n_heads, t % n_heads
+        p = positions[i]
+        for k in range(half):
+            c, s = cos[p, k], sin[p, k]
+            a = 2 * k if not neox else k
+            b = a + 1 if not neox else k + half
+            x0, x1 = x[i, h, a], x[i, h, b]
+            x[i, h, a] = x0 * c - x1 * s
+            x[i, h, b] = x0 * s + x1 * c
+
+
+@njit(parallel=True, cache=True)
+def swiglu(gate, up, out):
+    """silu(gate) * up in f32 (ggml_vec_swiglu_f32). All (n, n_ff)."""
+    n, m = gate.shape
+    for i in prange(n):
+        for j in range(m):
+            g = gate[i, j]
+            out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
+
+
+@njit(cache=True)
+def _gelu_tanh_f16(x):
+    # ggml's GELU table (GGML_GELU_FP16): indexed by f16(x), holds f16 of the tanh form.
+    if x <= -10.0:
+        return np.float32(0.0)
+    if x >= 10.0:
+        return x
+    h = round_f16(x)
+    inner = np.float32(0.7978845608028654) * h * (np.float32(1.0) + np.float32(0.044715) * h * h)
+    return round_f16(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(inner))))
+
+
+@njit(parallel=True, cache=True)
+def geglu(gate, up, out):
+    """gelu_tanh(gate) * up (ggml_vec_geglu_f32 with the F16 table), gemma3's FFN."""
+    n, m = gate.shape
+    for i in prange(n):
+        for j in range(m):
+            out[i, j] = _gelu_tanh_f16(gate[i, j]) * up[i, j]
+
+
+@njit(parallel=True, cache=True)
+def add_inplace(x, y):
+    """x += y, both (n, dim) f32: residual connections."""
+    n, dim = x.shape
+    for i in prange(n):
+        for j in range(dim):
+            x[i, j] += y[i, j]
+
+
+@njit(cache=True)
+def add_bias(x, bias):
+    """x += bias broadcast over rows; bias (dim,) f32."""
+    n, dim = x.shape
+    for i in range(n):
+        for j in range(dim):
+            x[i, j] += bias[j]
+
+
+@njit(cache=True)
+def scale_inplace(x, factor):
+    """x *= factor (f32): gemma3's sqrt(n_embd) embedding scale, phi3/gemma3 query scale."""
+    flat = x.reshape(-1)
+    f = np.float32(factor)
+    for i in range(flat.size):
+        flat[i] *= f
+
+
+@njit(cache=True)
+def softcap(x, cap):
+    """x = cap * tanh(x / cap): gemma's optional final logit soft-capping."""
+    flat = x.reshape(-1)
+    c = np.float32(cap)
+    for i in range(flat.size):
+        flat[i] = c * np.float32(math.tanh(flat[i] / c))
+
+
+@njit(cache=True)
+def embed_q8_0(table, tokens, out):
+    """Rows of a Q8_0 embedding table (n_vocab, row_bytes), dequantized exactly to f32."""
+    dim = out.shape[1]
+    for i in range(tokens.shape[0]):
+        row = table[tokens[i]]
+        for b in range(dim // 32):
+            base = b * 34
+            d = f16_bits_to_f32(np.uint16(row[base]) | (np.uint16(row[base + 1]) << 8))
+            for j in range(32):
+                q = np.int8(row[base + 2 + j])
+                out[i, b * 32 + j] = d * np.float32(q)
+
+
+@njit(cache=True)
+def embed_f16(table, tokens, out):
+    """Rows of an F16 (uint16 bits) embedding table, converted to f32."""
+    for i in range(tokens.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = f16_bits_to_f32(table[tokens[i], j])

@@ -1,0 +1,71 @@
+"""Weight matrices and the matrix products of the forward pass.
+
+A `Linear` is a zero-copy view of a GGUF tensor plus its registered quant format. `project`
+multiplies one input by several weights that share it (q/k/v, gate/up): the activations are
+converted to each needed vec_dot format once, into scratch buffers sized at load, and then
+every weight's kernel runs on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeinfer.kernels.registry import ActFormat, QuantFormat, quant_format
+
+
+@dataclass(frozen=True)
+class Linear:
+    """y = W @ x for a GGUF weight of shape (n_out, n_in), kept in its quantized blocks."""
+
+    name: str
+    fmt: QuantFormat
+    weight: np.ndarray  # (n_out, row_bytes) uint8 blocks, or (n_out, n_in) float/uint16 bits
+    n_out: int
+    n_in: int
+
+    @classmethod
+    def from_tensor(cls, name: str, qtype: int, data: np.ndarray, shape: tuple[int, int]):
+        fmt = quant_format(qtype, name)
+        if data.dtype == np.float16:  # Numba has no float16: kernels read the bits
+            data = data.view(np.uint16)
+        return cls(name, fmt, data, shape[0], shape[1])
+
+    def rows(self, start: int, stop: int, name: str) -> "Linear":
+        """A zero-copy view of output rows [start, stop): splits fused qkv / gate_up."""
+        return Linear(name, self.fmt, self.weight[start:stop], stop - start, self.n_in)
+
+
+class ActScratch:
+    """Preallocated buffers for the activations in every vec_dot format the model uses."""
+
+    def __init__(self, n_tokens: int, n_in_max: int, formats: set[ActFormat]):
+        self.formats = {f.name: f for f in formats}
+        size = n_tokens * n_in_max
+        self.xq = np.zeros(size, dtype=np.int8)
+        self.xd = np.zeros(size // 16 + 1, dtype=np.float32)
+        self.xs = np.zeros(size // 16 + 1, dtype=np.float32)
+        self.xf = np.zeros(size, dtype=np.float32)
+
+    def views(self, act: ActFormat, n: int, n_in: int):
+        """C-contiguous (n, ...) views of the flat buffers, so kernels see dense arrays."""
+        nd = n_in // act.block if act.block > 1 else 1
+        ns = n_in // act.sum_block if act.sum_block else 1
+        return (self.xq[: n * n_in].reshape(n, n_in), self.xd[: n * nd].reshape(n, nd),
+                self.xs[: n * ns].reshape(n, ns), self.xf[: n * n_in].reshape(n, n_in))
+
+
+def project(x: np.ndarray, linears: tuple[Linear, ...], outs: tuple[np.ndarray, ...],
+            scratch: ActScratch) -> None:
+    """outs[i] = x @ linears[i].T; x (n, n_in) f32 contiguous, outs[i] (n, n_out_i) f32."""
+    n, n_in = x.shape
+    done: dict[str, tuple] = {}
+    for lin, out in zip(linears, outs):
+        act = lin.fmt.act
+        bufs = done.get(act.name)
+        if bufs is None:
+            bufs = scratch.views(act, n, n_in)
+            act.quantize(x, *bufs)
+            done[act.name] = bufs
+        lin.fmt.matmul(lin.weight, *bufs, out)

@@ -1,0 +1,173 @@
+"""The transformer forward pass, shared by every registered architecture.
+
+`Transformer.forward` takes a batch of tokens, each with its own absolute position and KV
+cache slot, so one call is a prompt prefill (one slot, consecutive positions), a batched
+decode step (one token for each of several slots), or any mix: the server's continuous
+batching stands on it. All buffers and the F16 KV cache are allocated once, at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeinfer.config import ModelConfig
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.kernels import ops
+from edgeinfer.kernels.attention import attention, store_kv
+from edgeinfer.linear import ActScratch, project
+from edgeinfer.weights import BlockWeights, Weights
+
+
+class KVCache:
+    """F16 keys and values (stored as uint16 bits) for every layer and slot."""
+
+    def __init__(self, config: ModelConfig, n_ctx: int, n_slots: int):
+        shape = (config.n_layer, n_slots, n_ctx, config.n_head_kv, config.head_dim)
+        self.k = np.zeros(shape, dtype=np.uint16)  # (n_layer, n_slots, n_ctx, n_kv, hd)
+        self.v = np.zeros(shape, dtype=np.uint16)
+        self.n_ctx, self.n_slots = n_ctx, n_slots
+
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Reuse the first n_tokens cells of slot src in slot dst (prefix caching)."""
+        if src != dst:
+            self.k[:, dst, :n_tokens] = self.k[:, src, :n_tokens]
+            self.v[:, dst, :n_tokens] = self.v[:, src, :n_tokens]
+
+
+@dataclass
+class Workspace:
+    """Activation buffers for up to n_batch tokens; views of them are used per call."""
+
+    x: np.ndarray  # (n_batch, n_embd) residual stream
+    h: np.ndarray  # (n_batch, n_embd) normed input of a sub-block
+    o: np.ndarray  # (n_batch, n_embd) sub-block output
+    q: np.ndarray  # (n_batch, n_head, hd)
+    k: np.ndarray  # (n_batch, n_kv, hd)
+    v: np.ndarray  # (n_batch, n_kv, hd)
+    attn: np.ndarray  # (n_batch, n_head, hd)
+    gate: np.ndarray  # (n_batch, n_ff)
+    up: np.ndarray  # (n_batch, n_ff)
+    scores: np.ndarray  # (n_threads, n_ctx) attention scratch
+    scratch: ActScratch
+
+    @classmethod
+    def allocate(cls, c: ModelConfig, weights: Weights, n_batch: int, n_ctx: int):
+        import numba
+
+        f32 = np.float32
+        linears = [weights.output] + [lin for b in weights.blocks for lin in _linears(b)]
+        n_in_max = max(lin.n_in for lin in linears)
+        return cls(
+            x=np.zeros((n_batch, c.n_embd), f32), h=np.zeros((n_batch, c.n_embd), f32),
+            o=np.zeros((n_batch, c.n_embd), f32),
+            q=np.zeros((n_batch, c.n_head, c.head_dim), f32),
+            k=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
+            v=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
+            attn=np.zeros((n_batch, c.n_head, c.head_dim), f32),
+            gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
+            scores=np.zeros((numba.config.NUMBA_NUM_THREADS, n_ctx), f32),
+            scratch=ActScratch(n_batch, n_in_max, {lin.fmt.act for lin in linears}),
+        )
+
+
+def _linears(b: BlockWeights):
+    return (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down)
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, n_slots: int = 1,
+                 n_batch: int = 512):
+        self.config, self.weights = config, weights
+        self.n_ctx, self.n_batch = n_ctx, n_batch
+        self.kv_cache = KVCache(config, n_ctx, n_slots)
+        self.ws = Workspace.allocate(config, weights, n_batch, n_ctx)
+        n_rot = config.n_rot
+        self.rope_global = ops.rope_table(n_ctx, n_rot, config.rope_base,
+                                          config.rope_freq_scale, weights.rope_freqs)
+        self.rope_local = ops.rope_table(n_ctx, n_rot, config.rope_base_swa, 1.0)
+
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                logit_rows: np.ndarray, logits: np.ndarray) -> None:
+        """Run tokens (n,) at positions (n,) in cache slots (n,), all int32, and write the
+        logits of the rows `logit_rows` (m,) into logits (m, n_vocab). Batches larger
+        than n_batch are split; rows must belong to the chunk order they appear in."""
+        n = len(tokens)
+        if n and (positions.max() >= self.n_ctx or positions.min() < 0):
+            raise EdgeInferError(f"position out of range for context size {self.n_ctx}")
+        done = 0
+        for start in range(0, n, self.n_batch):
+            stop = min(n, start + self.n_batch)
+            sel = (logit_rows >= start) & (logit_rows < stop)
+            rows = (logit_rows[sel] - start).astype(np.int32)
+            m = len(rows)
+            self._forward_chunk(tokens[start:stop], positions[start:stop], slots[start:stop],
+                                rows, logits[done : done + m])
+            done += m
+
+    def _forward_chunk(self, tokens, positions, slots, rows, logits) -> None:
+        c, w, ws, n = self.config, self.weights, self.ws, len(tokens)
+        x = ws.x[:n]  # (n, n_embd)
+        w.token_embd.lookup(tokens, x)
+        if c.embd_scale != 1.0:
+            ops.scale_inplace(x, c.embd_scale)
+        for il, block in enumerate(w.blocks):
+            self._attention_block(il, block, x, positions, slots)
+            self._ffn_block(block, x)
+        if len(rows) == 0:
+            return
+        h = ws.h[: len(rows)]  # (m, n_embd)
+        ops.rms_norm(np.ascontiguousarray(x[rows]), w.output_norm, c.norm_eps, h)
+        project(h, (w.output,), (logits,), ws.scratch)  # (m, n_vocab)
+        if w.output_bias is not None:
+            ops.add_bias(logits, w.output_bias)
+        if c.final_softcap:
+            ops.softcap(logits, c.final_softcap)
+
+    def _attention_block(self, il, b: BlockWeights, x, positions, slots) -> None:
+        c, ws, n = self.config, self.ws, len(x)
+        h, o = ws.h[:n], ws.o[:n]  # (n, n_embd)
+        q, k, v = ws.q[:n], ws.k[:n], ws.v[:n]  # (n, n_head, hd), (n, n_kv, hd) x2
+        ops.rms_norm(x, b.attn_norm, c.norm_eps, h)
+        project(h, (b.attn_q, b.attn_k, b.attn_v),
+                (q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), ws.scratch)
+        for t, bias in ((q, b.attn_q_bias), (k, b.attn_k_bias), (v, b.attn_v_bias)):
+            if bias is not None:
+                ops.add_bias(t.reshape(n, -1), bias)
+        if b.attn_q_norm is not None:
+            ops.rms_norm_heads(q, b.attn_q_norm, c.norm_eps)
+            ops.rms_norm_heads(k, b.attn_k_norm, c.norm_eps)
+        swa = c.swa_layers[il]
+        cos, sin = self.rope_local if swa else self.rope_global
+        ops.rope(q, positions, cos, sin, c.rope_neox)
+        ops.rope(k, positions, cos, sin, c.rope_neox)
+        if c.q_prescale:
+            ops.scale_inplace(q, c.attn_scale)
+        kc, vc = self.kv_cache.k[il], self.kv_cache.v[il]  # (n_slots, n_ctx, n_kv, hd)
+        store_kv(k, v, slots, positions, kc, vc)
+        attn = ws.attn[:n]  # (n, n_head, hd)
+        window = c.sliding_window if swa else 0
+        scale = 1.0 if c.q_prescale else c.attn_scale
+        attention(q, kc, vc, slots, positions, window, np.float32(scale), ws.scores, attn)
+        project(attn.reshape(n, -1), (b.attn_output,), (o,), ws.scratch)  # (n, n_embd)
+        if b.attn_output_bias is not None:
+            ops.add_bias(o, b.attn_output_bias)
+        if b.post_attention_norm is not None:
+            ops.rms_norm(o, b.post_attention_norm, c.norm_eps, o)
+        ops.add_inplace(x, o)
+
+    def _ffn_block(self, b: BlockWeights, x) -> None:
+        c, ws, n = self.config, self.ws, len(x)
+        h, o = ws.h[:n], ws.o[:n]  # (n, n_embd)
+        gate, up = ws.gate[:n], ws.up[:n]  # (n, n_ff)
+        ops.rms_norm(x, b.ffn_norm, c.norm_eps, h)
+        project(h, (b.ffn_gate, b.ffn_up), (gate, up), ws.scratch)
+        if c.ffn_act == "gelu_tanh":
+            ops.geglu(gate, up, gate)
+        else:
+            ops.swiglu(gate, up, gate)
+        project(gate, (b.ffn_down,), (o,), ws.scratch)  # (n, n_embd)
+        if b.post_ffw_norm is not None:
+            ops.rms_norm(o, b.post_ffw_norm, c.norm_eps, o)
+        ops.add_inplace(x, o)
