@@ -1,0 +1,186 @@
+"""Activation formats: float32 activations converted once per matmul into the weight type's
+llama.cpp `vec_dot_type` (architectures.md §1.4).
+
+| format | what the quantizer writes                                                       |
+|--------|---------------------------------------------------------------------------------|
+| f32    | xf = x                                                                          |
+| f16    | xf = f16(x) widened back to f32 (round to nearest even, F16C `vcvtps2ph`)       |
+| bf16   | xf = bf16(x) widened back to f32 (ggml_compute_fp32_to_bf16: RNE, quiet NaN)    |
+| q8_0   | per 32 values: xd = f16(amax/127), xq = rint(x * (127/amax)), ties to even      |
+| q8_1   | q8_0 plus xs = f16(d * sum(xq)) with d the unrounded f32 amax/127               |
+
+The rounding mirrors ggml's x86 `quantize_row_q8_0/q8_1` (ggml-cpu/arch/x86/quants.c), which
+multiplies by the f32 reciprocal 127/amax and rounds with `_mm256_round_ps(NEAREST)`; the
+scalar reference `quantize_row_q8_0_ref` would instead round ties away from zero.
+Scales kept as F16 in llama.cpp are stored here already rounded to F16, as f32 values, so a
+kernel reads them without converting.
+
+No numba.config switch is set anywhere: the integer kernels in legacy.py emit explicit LLVM
+vector IR and do not depend on the (off by default) SLP vectorizer. F16 conversions use the
+hardware (x86 F16C, any AArch64) and fall back to integer code when numba is asked to build
+for a CPU without it (NUMBA_CPU_NAME=generic), where LLVM would call a missing runtime helper.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from edgeinfer.kernels.registry import ActFormat
+
+QK8 = 32  # values per Q8_0 / Q8_1 block
+
+
+def host_cpu_features() -> set[str]:
+    """CPU features numba compiles for; empty when NUMBA_CPU_NAME asks for a portable build."""
+    if numba.config.CPU_NAME:
+        return set()
+    return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
+
+
+CPU_FEATURES = host_cpu_features()
+F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64", "arm64")
+
+
+@intrinsic
+def _round_f16_native(typingctx, x):
+    """f32 -> f16 -> f32 with round-to-nearest-even (LLVM fptrunc; vcvtps2ph with F16C)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        half = builder.fptrunc(args[0], ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """Bit pattern of a float32 as uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, u):
+    """float32 with the given uint32 bit pattern."""
+    if u != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+@njit(cache=True)
+def _round_f16_soft(x: np.float32) -> np.float32:
+    """f32 -> f16 (round to nearest even) -> f32 with integer ops, for CPUs without F16C."""
+    u = np.int64(_f32_bits(x))
+    sign, mag = u & 0x80000000, u & 0x7FFFFFFF
+    if mag >= 0x7F800000:  # inf, NaN
+        return x
+    if mag >= 0x477FF000:  # >= 65520, half way from f16 max 65504: rounds to inf
+        mag = 0x7F800000
+    elif mag < 0x38800000:  # below 2^-14: f16 subnormal, a multiple of 2^-24; all exact
+        return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
+    else:  # drop 13 mantissa bits, ties to even; a carry rolls into the exponent
+        mag = (mag + 0xFFF + ((mag >> 13) & 1)) & 0x7FFFE000
+    return _bits_f32(np.uint32(sign | mag))
+
+
+_round_f16 = _round_f16_native if F16_NATIVE else _round_f16_soft
+
+
+@njit(cache=True)
+def _round_bf16(x: np.float32) -> np.float32:
+    """ggml_compute_fp32_to_bf16, widened back to f32."""
+    u = np.int64(_f32_bits(x))
+    if (u & 0x7FFFFFFF) > 0x7F800000:  # NaN: keep it, force the quiet bit
+        bits = ((u >> 16) | 64) << 16
+    else:  # round to nearest even on the 16 dropped bits
+        bits = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) << 16
+    return _bits_f32(np.uint32(bits & 0xFFFFFFFF))
+
+
+@njit(cache=True)
+def _quantize_block_q8(x, i0, xq):
+    """Quantize x[i0:i0+32] into xq; returns (d unrounded f32, sum of the quants)."""
+    amax = np.float32(0.0)
+    for i in range(i0, i0 + QK8):
+        amax = max(amax, abs(x[i]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    qsum = 0
+    for i in range(i0, i0 + QK8):
+        q = np.int32(np.rint(x[i] * inv))  # llvm.rint: ties to even, like _mm256_round_ps
+        xq[i] = q
+        qsum += q
+    return d, qsum
+
+
+@njit(cache=True)
+def quantize_f32(x, xq, xd, xs, xf) -> None:
+    """xf = x (F32 weights use F32 activations unchanged)."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        for i in range(n_in):
+            xf[t, i] = x[t, i]
+
+
+@njit(cache=True)
+def quantize_f16(x, xq, xd, xs, xf) -> None:
+    """xf = f16(x), as llama.cpp rounds activations for F16 weights."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        for i in range(n_in):
+            xf[t, i] = _round_f16(np.float32(x[t, i]))
+
+
+@njit(cache=True)
+def quantize_bf16(x, xq, xd, xs, xf) -> None:
+    """xf = bf16(x), as llama.cpp rounds activations for BF16 weights."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        for i in range(n_in):
+            xf[t, i] = _round_bf16(np.float32(x[t, i]))
+
+
+@njit(cache=True)
+def quantize_q8_0(x, xq, xd, xs, xf) -> None:
+    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        for b in range(n_in // QK8):
+            d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
+            xd[t, b] = _round_f16(d)
+
+
+@njit(cache=True)
+def quantize_q8_1(x, xq, xd, xs, xf) -> None:
+    """Q8_1 activations: Q8_0 plus xs = f16(d * sum(q)) per block (d not yet rounded)."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        for b in range(n_in // QK8):
+            d, qsum = _quantize_block_q8(x[t], b * QK8, xq[t])
+            xd[t, b] = _round_f16(d)
+            xs[t, b] = _round_f16(d * np.float32(qsum))
+
+
+F32_ACT = ActFormat("f32", 1, 0, quantize_f32)
+F16_ACT = ActFormat("f16", 1, 0, quantize_f16)
+BF16_ACT = ActFormat("bf16", 1, 0, quantize_bf16)
+Q8_0_ACT = ActFormat("q8_0", QK8, 0, quantize_q8_0)
+Q8_1_ACT = ActFormat("q8_1", QK8, QK8, quantize_q8_1)

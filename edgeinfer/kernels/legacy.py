@@ -1,0 +1,408 @@
+"""Matrix-product kernels for the legacy GGML types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+
+Each kernel has the registry's uniform signature `kernel(w, xq, xd, xs, xf, out)` and writes
+out[t, r] = dot(w[r], x[t]) for every token t and output row r.
+
+Integer types follow llama.cpp's AVX2 `ggml_vec_dot_*_q8_*` (ggml-cpu/arch/x86/quants.c): per
+32-value block an exact integer dot product (pairwise int16 products summed into 8 int32
+lanes, i.e. `vpmaddwd`), converted to f32 and accumulated with one FMA by d_w*d_x into an
+8-lane f32 accumulator that lives across blocks; the `_1` types add sum(m_w * s_x) in a scalar
+f32. The block loop is hand-written LLVM vector IR (`numba.extending.intrinsic`), because
+LLVM's auto-vectorizers were fragile on nibble formats (kernels.md, facts 1-6); the IR is
+portable (no x86 intrinsics) so it also lowers to NEON.
+
+Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
+split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
+
+Parallelism: `prange` over chunks of output rows; inside a chunk every token is processed
+for each row, so prefill reads each weight row from cache, not DRAM, once per token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from edgeinfer.kernels.actquant import (
+    BF16_ACT,
+    CPU_FEATURES,
+    F16_ACT,
+    F16_NATIVE,
+    F32_ACT,
+    Q8_0_ACT,
+    Q8_1_ACT,
+)
+from edgeinfer.kernels.registry import register
+
+ROWS_PER_CHUNK = 8  # output rows per prange task: weights of one chunk stay in L1/L2
+
+_I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+_F32, _HALF = ir.FloatType(), ir.HalfType()
+_V8F = ir.VectorType(_F32, 8)
+
+
+def _vec(elem: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(elem, n)
+
+
+def _splat(elem: ir.Type, n: int, value) -> ir.Constant:
+    return ir.Constant(_vec(elem, n), [value] * n)
+
+
+def _shuffle(builder, a, b, idx: list[int]):
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(_I32, len(idx)), idx))
+
+
+def _load(builder, base, offset, ty: ir.Type):
+    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
+    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
+    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+    return builder.load(ptr, align=1)
+
+
+def _half_to_f32(builder, bits):
+    """i16 IEEE half bits -> f32. Hardware conversion where there is one, else the exact
+    integer/float sequence from F. Giesen's half_to_float (LLVM would call a runtime helper
+    that numba's JIT does not provide)."""
+    if F16_NATIVE:
+        return builder.fpext(builder.bitcast(bits, _HALF), _F32)
+    h = builder.zext(bits, _I32)
+    shifted = builder.shl(builder.and_(h, _I32(0x7FFF)), _I32(13))
+    value = builder.fmul(builder.bitcast(shifted, _F32), _F32(2.0**112))  # rebias exponent
+    is_special = builder.fcmp_ordered(">=", value, _F32(65536.0))  # was inf or NaN
+    mag = builder.bitcast(value, _I32)
+    mag = builder.select(is_special, builder.or_(mag, _I32(0x7F800000)), mag)
+    sign = builder.shl(builder.and_(h, _I32(0x8000)), _I32(16))
+    return builder.bitcast(builder.or_(mag, sign), _F32)
+
+
+def _load_f16(builder, base, offset):
+    return _half_to_f32(builder, _load(builder, base, offset, _I16))
+
+
+# ---- weight block decoders: (builder, block ptr) -> <32 x i8> weights, element j = value j
+
+
+def _nibbles(builder, base, offset):
+    """16 bytes -> <32 x i8>: low nibbles are values 0..15, high nibbles values 16..31."""
+    qs = _load(builder, base, offset, _vec(_I8, 16))
+    lo = builder.and_(qs, _splat(_I8, 16, 0x0F))
+    hi = builder.lshr(qs, _splat(_I8, 16, 4))
+    return _shuffle(builder, lo, hi, list(range(32)))
+
+
+def _high_bits(builder, base, offset):
+    """uint32 qh -> <32 x i8> holding 16 where bit j of qh is set (the 5th bit of value j)."""
+    qh = _load(builder, base, offset, _I32)
+    bits = builder.bitcast(qh, _vec(_I1, 32))  # element j = bit j (little-endian)
+    return builder.select(bits, _splat(_I8, 32, 16), _splat(_I8, 32, 0))
+
+
+def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]
+    return _load(builder, blk, 2, _vec(_I8, 32))
+
+
+def _decode_q4_0(builder, blk):  # d f16 | qs u8[16]; value = nibble - 8
+    return builder.sub(_nibbles(builder, blk, 2), _splat(_I8, 32, 8))
+
+
+def _decode_q4_1(builder, blk):  # d f16 | m f16 | qs u8[16]; value = d * nibble + m
+    return _nibbles(builder, blk, 4)
+
+
+def _decode_q5_0(builder, blk):  # d f16 | qh u32 | qs u8[16]; value = (nibble | hbit<<4) - 16
+    q = builder.or_(_nibbles(builder, blk, 6), _high_bits(builder, blk, 2))
+    return builder.sub(q, _splat(_I8, 32, 16))
+
+
+def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
+    return builder.or_(_nibbles(builder, blk, 8), _high_bits(builder, blk, 4))
+
+
+# ---- the block dot product and the row loop
+
+
+_FEATURES = CPU_FEATURES
+if "avxvnni" in _FEATURES or {"avx512vnni", "avx512vl"} <= _FEATURES:
+    DOT_PATH = "vnni"  # vpdpbusd: 32 u8*s8 products summed into 8 i32 in one instruction
+elif "avx2" in _FEATURES:
+    DOT_PATH = "avx2"  # vpmaddubsw + vpmaddwd, llama.cpp's AVX2 path
+else:
+    DOT_PATH = "generic"  # portable IR; LLVM picks widening multiplies (NEON smull/sdot...)
+
+
+def _call(builder, name: str, ret: ir.Type, *args):
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ret, [a.type for a in args]), name
+    )
+    return builder.call(fn, args)
+
+
+def _dot_generic(builder, a, b):
+    """Portable: sext to i16, even/odd products widened to i32 and added -> <8 x i32>."""
+    a16 = builder.sext(a, _vec(_I16, 32))
+    b16 = builder.sext(b, _vec(_I16, 32))
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+
+    def widened(v, idx):
+        return builder.sext(_shuffle(builder, v, v, idx), _vec(_I32, 16))
+
+    prod_e = builder.mul(widened(a16, even), widened(b16, even))
+    prod_o = builder.mul(widened(a16, odd), widened(b16, odd))
+    pairs = builder.add(prod_e, prod_o)  # <16 x i32>
+    lo = _shuffle(builder, pairs, pairs, list(range(8)))
+    hi = _shuffle(builder, pairs, pairs, list(range(8, 16)))
+    return builder.add(lo, hi)
+
+
+def _dot_u8s8(builder, u, s):
+    """dot of unsigned bytes u (<= 127 here, so i16 pair sums cannot saturate) with signed s."""
+    v8i32 = _vec(_I32, 8)
+    if DOT_PATH == "vnni":
+        zero = ir.Constant(v8i32, [0] * 8)
+        ub, sb = builder.bitcast(u, v8i32), builder.bitcast(s, v8i32)
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8i32, zero, ub, sb)
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), u, s)
+    ones = ir.Constant(_vec(_I16, 16), [1] * 16)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", v8i32, pairs, ones)
+
+
+def _dot_i8x32(builder, a, b, a_unsigned: bool):
+    """Exact dot of two <32 x i8> (|values| <= 127 on at least one side) as <8 x i32> partial
+    sums. x86: multiply |a| by b carrying a's sign (vpsignb), as llama.cpp's
+    mul_sum_i8_pairs; the `_1` formats' weights are already unsigned."""
+    if DOT_PATH == "generic":
+        return _dot_generic(builder, a, b)
+    if a_unsigned:
+        return _dot_u8s8(builder, a, b)
+    abs_a = _call(builder, "llvm.x86.avx2.psign.b", a.type, a, a)
+    signed_b = _call(builder, "llvm.x86.avx2.psign.b", b.type, b, a)
+    return _dot_u8s8(builder, abs_a, signed_b)
+
+
+def _hsum8(builder, v):
+    """Horizontal sum of <8 x float> in hsum_float_8's order (halves, then pairs)."""
+    s4 = builder.fadd(_shuffle(builder, v, v, [0, 1, 2, 3]), _shuffle(builder, v, v, [4, 5, 6, 7]))
+    s2 = builder.fadd(_shuffle(builder, s4, s4, [0, 1]), _shuffle(builder, s4, s4, [2, 3]))
+    return builder.fadd(builder.extract_element(s2, _I32(0)), builder.extract_element(s2, _I32(1)))
+
+
+class _RowDot:
+    """Emits dot(weight row, one token's Q8 activations) for one block format."""
+
+    def __init__(self, decode, block_bytes: int, has_min: bool):
+        self.decode, self.block_bytes, self.has_min = decode, block_bytes, has_min
+
+    def block(self, builder, ptrs, i, acc_ptr, summ_ptr):
+        """Adds block i into the vector accumulator (and m*s into the scalar one)."""
+        w, xq, xd, xs = ptrs
+        blk = builder.gep(w, [builder.mul(i, _I64(self.block_bytes))])
+        q_w = self.decode(builder, blk)
+        q_x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32))
+        isum = builder.sitofp(_dot_i8x32(builder, q_w, q_x, self.has_min), _V8F)
+        scale = builder.fmul(_load_f16(builder, blk, 0), builder.load(builder.gep(xd, [i])))
+        scale_v = _shuffle(
+            builder,
+            builder.insert_element(ir.Constant(_V8F, None), scale, _I32(0)),
+            ir.Constant(_V8F, None),
+            [0] * 8,
+        )
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
+        )
+        builder.store(builder.call(fma, [isum, scale_v, builder.load(acc_ptr)]), acc_ptr)
+        if self.has_min:
+            ms = builder.fmul(_load_f16(builder, blk, 2), builder.load(builder.gep(xs, [i])))
+            builder.store(builder.fadd(builder.load(summ_ptr), ms), summ_ptr)
+
+    def emit(self, context, builder, sig, args):
+        ptrs = [context.make_array(ty)(context, builder, a).data for ty, a in zip(sig.args, args)]
+        ptrs = [builder.bitcast(p, _I8.as_pointer()) if i < 2 else p for i, p in enumerate(ptrs)]
+        xd_arr = context.make_array(sig.args[2])(context, builder, args[2])
+        n_blocks = cgutils.unpack_tuple(builder, xd_arr.shape, 1)[0]
+        # two accumulators (even/odd blocks) hide the FMA latency: +10-15% (kernels.md)
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in "ab"]
+        summ = cgutils.alloca_once_value(builder, _F32(0.0))
+        n_pairs = builder.udiv(n_blocks, _I64(2))
+        with cgutils.for_range(builder, n_pairs) as loop:
+            i = builder.mul(loop.index, _I64(2))
+            self.block(builder, ptrs, i, accs[0], summ)
+            self.block(builder, ptrs, builder.add(i, _I64(1)), accs[1], summ)
+        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_blocks, _I64(2)), _I64(0))):
+            self.block(builder, ptrs, builder.sub(n_blocks, _I64(1)), accs[0], summ)
+        total = _hsum8(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])))
+        return builder.fadd(total, builder.load(summ))
+
+
+def _is_vec(ty, dtype) -> bool:
+    return isinstance(ty, types.Array) and ty.ndim == 1 and ty.layout == "C" and ty.dtype == dtype
+
+
+def _rowdot_intrinsic(name: str, decode, block_bytes: int, has_min: bool):
+    """intrinsic rowdot(w_row u8[], xq_row i8[], xd_row f32[], xs_row f32[]) -> f32."""
+    emitter = _RowDot(decode, block_bytes, has_min)
+
+    def typer(typingctx, w, xq, xd, xs):
+        ok = (
+            _is_vec(w, types.uint8)
+            and _is_vec(xq, types.int8)
+            and _is_vec(xd, types.float32)
+            and _is_vec(xs, types.float32)
+        )
+        return (types.float32(w, xq, xd, xs), emitter.emit) if ok else None
+
+    typer.__name__ = typer.__qualname__ = f"rowdot_{name}"
+    return intrinsic(typer)
+
+
+_rowdot_q8_0 = _rowdot_intrinsic("q8_0", _decode_q8_0, 34, False)
+_rowdot_q4_0 = _rowdot_intrinsic("q4_0", _decode_q4_0, 18, False)
+_rowdot_q4_1 = _rowdot_intrinsic("q4_1", _decode_q4_1, 20, True)
+_rowdot_q5_0 = _rowdot_intrinsic("q5_0", _decode_q5_0, 22, False)
+_rowdot_q5_1 = _rowdot_intrinsic("q5_1", _decode_q5_1, 24, True)
+
+
+# ---- kernels: one per type, identical loops around the type's row dot product
+# (written out rather than made by a factory so that numba's cache=True can key each one)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q8_0(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q8_0(w[r], xq[t], xd[t], xs[t])
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_0(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q4_0(w[r], xq[t], xd[t], xs[t])
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_1(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q4_1(w[r], xq[t], xd[t], xs[t])
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_0(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q5_0(w[r], xq[t], xd[t], xs[t])
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_1(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q5_1(w[r], xq[t], xd[t], xs[t])
+
+
+# ---- float weights
+
+
+@intrinsic
+def _f16_bits_to_f32(typingctx, bits):
+    """IEEE half bits -> f32 (vcvtph2ps with F16C); numba has no float16 type on CPU."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _half_to_f32(builder, args[0])
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _bf16_bits_to_f32(typingctx, bits):
+    """bfloat16 bits -> f32: the bits are the top half of the f32."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], _I32), _I32(16))
+        return builder.bitcast(wide, _F32)
+
+    return types.float32(types.uint16), codegen
+
+
+_FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD dot products
+
+
+@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
+def matmul_f32(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    n_in = xf.shape[1]
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                acc = np.float32(0.0)
+                for i in range(n_in):
+                    acc += w[r, i] * xf[t, i]
+                out[t, r] = acc
+
+
+@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
+def _matmul_f16_bits(w, xf, out) -> None:
+    n_tok, n_out = out.shape
+    n_in = xf.shape[1]
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                acc = np.float32(0.0)
+                for i in range(n_in):
+                    acc += _f16_bits_to_f32(w[r, i]) * xf[t, i]
+                out[t, r] = acc
+
+
+def matmul_f16(w, xq, xd, xs, xf, out) -> None:
+    """F16 weights (a float16 array) times F16-rounded activations, f32 accumulation."""
+    _matmul_f16_bits(w.view(np.uint16), xf, out)  # numba cannot type float16 arrays
+
+
+@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
+def matmul_bf16(w, xq, xd, xs, xf, out) -> None:
+    n_tok, n_out = out.shape
+    n_in = xf.shape[1]
+    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
+        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
+        for t in range(n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                acc = np.float32(0.0)
+                for i in range(n_in):
+                    acc += _bf16_bits_to_f32(w[r, i]) * xf[t, i]
+                out[t, r] = acc
+
+
+register(T.F32, F32_ACT, matmul_f32)
+register(T.F16, F16_ACT, matmul_f16)
+register(T.BF16, BF16_ACT, matmul_bf16)
+register(T.Q8_0, Q8_0_ACT, matmul_q8_0)
+register(T.Q4_0, Q8_0_ACT, matmul_q4_0)
+register(T.Q4_1, Q8_1_ACT, matmul_q4_1)
+register(T.Q5_0, Q8_0_ACT, matmul_q5_0)
+register(T.Q5_1, Q8_1_ACT, matmul_q5_1)

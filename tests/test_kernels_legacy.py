@@ -1,0 +1,220 @@
+"""Legacy-type matmul kernels and activation quantizers against independent float64 references.
+
+Reference for every kernel: gguf-py's `dequantize(raw, type)` in float64 times the
+activations, either as the kernel saw them (de-quantized xq*xd, or the rounded xf: tight) or
+as the exact float x (loose, bounds the error llama.cpp's activation formats add).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers the kernels)
+from edgeinfer.kernels.registry import QUANT_FORMATS
+
+LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
+SHAPES = [(1, 32), (7, 96), (16, 576), (33, 1536)]  # (n_out, n_in): odd and even n_out
+N_TOK = [1, 3, 17, 64]
+# loose bound on ||out - W x|| / ||W x||: activation rounding only (weights are exact here)
+LOOSE = {"f32": 1e-6, "f16": 2e-3, "bf16": 1e-2, "q8_0": 2e-2, "q8_1": 2e-2}
+MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}  # byte offset of the f16 block minimum m
+
+
+def make_weights(qtype: T, n_out: int, n_in: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel-layout weights, raw GGUF bytes for gguf-py) from gguf's own quantizer."""
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    raw = quantize(w, qtype)
+    if qtype == T.BF16:
+        return raw.view(np.uint16), raw
+    return raw, raw
+
+
+def random_block_bytes(qtype: T, n_out: int, n_in: int, rng) -> np.ndarray:
+    """Arbitrary block bytes (every nibble, high bit and int8 incl. -128) with sane f16 scales."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n_out, n_in // block, type_size), dtype=np.uint8)
+    n_scales = 2 if qtype in MIN_OFFSET else 1
+    scales = rng.uniform(-0.05, 0.05, (n_out, n_in // block, n_scales)).astype(np.float16)
+    raw[..., : 2 * n_scales] = scales.view(np.uint8)
+    return raw.reshape(n_out, -1)
+
+
+def act_buffers(qtype: T, x: np.ndarray):
+    n_tok, n_in = x.shape
+    fmt = QUANT_FORMATS[qtype].act
+    xq = np.zeros((n_tok, n_in), np.int8)
+    xd = np.zeros((n_tok, n_in // 32), np.float32)
+    xs = np.zeros((n_tok, n_in // 32), np.float32)
+    xf = np.zeros((n_tok, n_in), np.float32)
+    fmt.quantize(x, xq, xd, xs, xf)
+    return xq, xd, xs, xf
+
+
+def seen_activations(qtype: T, xq, xd, xf) -> np.ndarray:
+    """The activations as the kernel sees them, in float64."""
+    if QUANT_FORMATS[qtype].act.name.startswith("q8"):
+        n_tok, n_in = xq.shape
+        blocks = xq.reshape(n_tok, -1, 32).astype(np.float64) * xd[..., None]
+        return blocks.reshape(n_tok, n_in)
+    return xf.astype(np.float64)
+
+
+def min_term_correction(qtype: T, raw: np.ndarray, x_seen, xs) -> np.ndarray:
+    """llama.cpp adds m_w * s_x with s_x = f16(d_unrounded * sum(q)) instead of m_w * d_x *
+    sum(q) (ggml_vec_dot_q4_1_q8_1): swap the term so the tight check stays tight."""
+    if qtype not in MIN_OFFSET:
+        return 0.0
+    n_out = raw.shape[0]
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    blocks = raw.reshape(n_out, -1, type_size)
+    o = MIN_OFFSET[qtype]
+    m = np.ascontiguousarray(blocks[..., o : o + 2]).view(np.float16)[..., 0].astype(np.float64)
+    n_tok = x_seen.shape[0]
+    block_sums = x_seen.reshape(n_tok, -1, 32).sum(-1)  # (n_tok, n_blocks) = d_x * sum(q)
+    return (xs.astype(np.float64) - block_sums) @ m.T
+
+
+def run_kernel(qtype: T, w, x):
+    xq, xd, xs, xf = act_buffers(qtype, x)
+    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
+    QUANT_FORMATS[qtype].matmul(w, xq, xd, xs, xf, out)
+    return out, (xq, xd, xs, xf)
+
+
+def check_against_reference(qtype: T, w, raw, x, loose: bool = True) -> None:
+    out, (xq, xd, xs, xf) = run_kernel(qtype, w, x)
+    w64 = dequantize(raw, qtype).astype(np.float64).reshape(w.shape[0], -1)
+    x_seen = seen_activations(qtype, xq, xd, xf)
+    tight_ref = x_seen @ w64.T + min_term_correction(qtype, raw, x_seen, xs)
+    # f32 accumulation error scales with sum |w*x|, not with the (cancelling) result
+    bound = 1e-5 * (np.abs(x_seen) @ np.abs(w64).T) + 1e-30
+    assert np.all(np.abs(out - tight_ref) <= bound), np.max(np.abs(out - tight_ref) / bound)
+    if loose:
+        exact = x.astype(np.float64) @ w64.T
+        rel = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+        assert rel < LOOSE[QUANT_FORMATS[qtype].act.name], rel
+
+
+def test_all_legacy_types_registered() -> None:
+    expect = {
+        T.F32: "f32",
+        T.F16: "f16",
+        T.BF16: "bf16",
+        T.Q8_0: "q8_0",
+        T.Q4_0: "q8_0",
+        T.Q5_0: "q8_0",
+        T.Q4_1: "q8_1",
+        T.Q5_1: "q8_1",
+    }
+    for qtype, act in expect.items():
+        assert QUANT_FORMATS[qtype].act.name == act
+
+
+@pytest.mark.parametrize("n_tok", N_TOK)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+def test_matmul_vs_dequantized_reference(qtype: T, shape, n_tok: int) -> None:
+    rng = np.random.default_rng([int(qtype), *shape, n_tok])
+    w, raw = make_weights(qtype, *shape, rng)
+    x = rng.standard_normal((n_tok, shape[1]), dtype=np.float32)
+    check_against_reference(qtype, w, raw, x)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_matmul_arbitrary_block_bytes(qtype: T) -> None:
+    """Bit patterns gguf's quantizer never writes (Q8_0 -128, all-ones nibbles, ...)."""
+    rng = np.random.default_rng(int(qtype))
+    raw = random_block_bytes(qtype, 37, 1536, rng)
+    x = rng.standard_normal((5, 1536), dtype=np.float32) * 3
+    check_against_reference(qtype, raw, raw, x, loose=False)
+
+
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
+    """GGUF tensors are read-only memory maps; activations have outlier channels."""
+    rng = np.random.default_rng(7)
+    w, raw = make_weights(qtype, 9, 576, rng)
+    w.setflags(write=False)
+    x = rng.standard_normal((2, 576), dtype=np.float32)
+    x[:, 5] = 300.0
+    x[1, 32:64] = 0.0  # an all-zero block: d = 0
+    check_against_reference(qtype, w, raw, x, loose=False)
+
+
+# ---- activation quantizers
+
+
+def quantize_act(fmt, x):
+    n_tok, n_in = x.shape
+    bufs = (
+        np.zeros((n_tok, n_in), np.int8),
+        np.zeros((n_tok, n_in // 32), np.float32),
+        np.zeros((n_tok, n_in // 32), np.float32),
+        np.zeros((n_tok, n_in), np.float32),
+    )
+    fmt.quantize(x, *bufs)
+    return bufs
+
+
+@pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)
+def test_q8_matches_llama_x86_rounding(fmt) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 1536)) * rng.uniform(0.01, 100, (3, 1))).astype(np.float32)
+    xq, xd, xs, _ = quantize_act(fmt, x)
+    blocks = x.reshape(3, -1, 32)
+    amax = np.abs(blocks).max(-1)
+    d = amax / np.float32(127)
+    q = np.rint(blocks * (np.float32(127) / amax)[..., None])  # f32 product, ties to even
+    np.testing.assert_array_equal(xq, q.reshape(x.shape).astype(np.int8))
+    np.testing.assert_array_equal(xd, d.astype(np.float16).astype(np.float32))
+    if fmt.name == "q8_1":
+        s = d * q.sum(-1).astype(np.float32)
+        np.testing.assert_array_equal(xs, s.astype(np.float16).astype(np.float32))
+
+
+def test_q8_0_round_trip_error_bound() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 576), dtype=np.float32) * 5
+    xq, xd, _, _ = quantize_act(actquant.Q8_0_ACT, x)
+    d = np.repeat(xd, 32, axis=1)
+    err = np.abs(xq * d - x)
+    # half a step, plus |q| <= 127 times the f16 rounding of d (2^-11 relative)
+    assert np.all(err <= d * (0.5 + 127 * 2.0**-11) + 1e-7)
+    assert np.abs(xq).max() <= 127
+
+
+def test_q8_0_ties_to_even_and_zero_block() -> None:
+    x = np.zeros((1, 64), np.float32)
+    x[0, :6] = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]  # amax 127: scale 1, x*127/amax exact
+    xq, xd, _, _ = quantize_act(actquant.Q8_0_ACT, x)
+    assert xq[0, :6].tolist() == [127, 0, 2, 2, 0, -2]  # roundf would give 1, 3, -1, -3
+    assert xd[0].tolist() == [1.0, 0.0] and not xq[0, 32:].any()
+
+
+def test_f16_rounding_matches_numpy() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4096)).astype(np.float32) * 10.0 ** rng.integers(-8, 6, 4096)
+    x[0, :4] = [65520.0, 1e6, -1e-9, 1.0 + 2.0**-11]  # overflow, underflow, exact tie
+    _, _, _, xf = quantize_act(actquant.F16_ACT, x)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(xf, x.astype(np.float16).astype(np.float32))
+
+
+def test_bf16_rounding_matches_ggml() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4096)).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 4096)
+    x[0, :3] = [1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20]  # tie, tie, above
+    _, _, _, xf = quantize_act(actquant.BF16_ACT, x)
+    expect = dequantize(quantize(x, T.BF16), T.BF16)
+    np.testing.assert_array_equal(xf, expect)
+    assert xf[0, :3].tolist() == [1.0, 1.0 + 4 * 2.0**-8, 1.0 + 2 * 2.0**-8]
+
+
+def test_f32_copies() -> None:
+    x = np.random.default_rng(5).standard_normal((3, 64), dtype=np.float32)
+    _, _, _, xf = quantize_act(actquant.F32_ACT, x)
+    np.testing.assert_array_equal(xf, x)
