@@ -55,6 +55,8 @@ class Embedding:
             embed_f16(self.table.view(np.uint16), tokens, out)
         elif self.qtype == GGMLQuantizationType.F32:
             out[:] = self.table[tokens]
+        elif self.qtype == GGMLQuantizationType.BF16:  # bf16 is the top half of an f32
+            out[:] = (self.table[tokens].astype(np.uint32) << 16).view(np.float32)
         else:
             from gguf.quants import dequantize
 

@@ -57,7 +57,12 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
-def forward(path, tokens) -> np.ndarray:
+def forward_without_window(path, tokens) -> np.ndarray:
+    """The same model with its sliding window ignored (to show that the window matters)."""
+    return forward(path, tokens, use_window=False)
+
+
+def forward(path, tokens, use_window: bool = True) -> np.ndarray:
     """Logits (n, n_vocab) float64 for tokens at positions 0..n-1 of a fresh context."""
     meta, T = load(path)
     arch = meta["general.architecture"]
@@ -69,7 +74,7 @@ def forward(path, tokens) -> np.ndarray:
     n_rot = k("rope.dimension_count", hd)
     eps = k("attention.layer_norm_rms_epsilon")
     base = k("rope.freq_base", 10000.0)
-    window = k("attention.sliding_window", 0) if arch == "gemma3" else 0
+    window = k("attention.sliding_window", 0) if arch == "gemma3" and use_window else 0
     pattern = k("attention.sliding_window_pattern", 6)
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)

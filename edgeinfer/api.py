@@ -1,0 +1,137 @@
+"""The Python API: `Model.load(path)` then tokenize / detokenize / logits / generate."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from edgeinfer.errors import EdgeInferError
+
+DEFAULT_CTX = 4096  # llama.cpp's default context size, capped at the model's own
+
+
+class Model:
+    """A loaded GGUF model: config, tokenizer, transformer (weights + KV cache), template."""
+
+    def __init__(self, path: Path, config, tokenizer, transformer, chat_template: str | None):
+        self.path, self.config, self.tokenizer = path, config, tokenizer
+        self.transformer, self.chat_template = transformer, chat_template
+
+    @classmethod
+    def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
+             n_slots: int = 1, n_batch: int = 512,
+             progress: Callable[[str], None] | None = None) -> "Model":
+        """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
+        model's training context). `progress` receives short status messages, among them
+        one when kernels are being compiled (first run only; cached on disk afterwards)."""
+        from edgeinfer.arch import get_arch
+        from edgeinfer.gguf_file import GGUFFile
+        from edgeinfer.model import Transformer
+        from edgeinfer.tokenizer import Tokenizer
+        from edgeinfer.weights import load_weights
+
+        gguf = GGUFFile(path)
+        meta = gguf.metadata
+        if "general.architecture" not in meta:
+            raise EdgeInferError(f"{path}: GGUF file has no 'general.architecture' key")
+        arch = get_arch(meta["general.architecture"])
+        config = arch.config_from_gguf(meta)
+        set_threads(threads)
+        weights = load_weights(gguf, config, arch)
+        tokenizer = Tokenizer.from_metadata(meta)
+        n_ctx = n_ctx or min(DEFAULT_CTX, config.n_ctx_train)
+        if n_ctx < 8:
+            raise EdgeInferError(f"context size {n_ctx} is too small")
+        transformer = Transformer(config, weights, n_ctx, n_slots, n_batch)
+        model = cls(Path(path), config, tokenizer, transformer,
+                    meta.get("tokenizer.chat_template"))
+        model._warm_up(progress or (lambda message: None))
+        return model
+
+    def _warm_up(self, progress: Callable[[str], None]) -> None:
+        """Run a two-token forward so every kernel is compiled (or loaded from Numba's
+        on-disk cache) before the first real token; report it when it takes a while."""
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.logits([0, 0])
+            except BaseException as exc:  # re-raised in the caller's thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        if not done.wait(0.5):
+            progress("compiling kernels (first run only; cached afterwards)")
+        worker.join()
+        if errors:
+            raise errors[0]
+
+    # -- tokens ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **extra) -> str:
+        """Render messages with the model's template (ChatML when it has none), minus a
+        leading BOS that tokenization adds again (llama.cpp common/chat.cpp)."""
+        from edgeinfer.chat import render_chat
+
+        tok = self.tokenizer
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        return render_chat(self.chat_template, messages,
+                           add_generation_prompt=add_generation_prompt, bos_token=bos,
+                           eos_token=eos, strip_bos=tok.add_bos, **extra)
+
+    # -- compute --------------------------------------------------------------------------
+    def logits(self, ids: Sequence[int], slot: int = 0) -> np.ndarray:
+        """Logits (len(ids), n_vocab) of every position, on a fresh context in `slot`."""
+        n = len(ids)
+        if n > self.transformer.n_ctx:
+            raise EdgeInferError(f"{n} tokens exceed the context size {self.transformer.n_ctx}")
+        out = np.zeros((n, self.config.n_vocab), dtype=np.float32)
+        rows = np.arange(n, dtype=np.int32)
+        self.transformer.forward(np.asarray(ids, dtype=np.int32), rows,
+                                 np.full(n, slot, np.int32), rows, out)
+        return out
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[str]:
+        """Yield generated text pieces (a prompt string is tokenized with special tokens)."""
+        from edgeinfer.generate import stream_generate
+        from edgeinfer.sampling import SamplingParams, make_sampler
+
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        sampler = make_sampler(SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed))
+        for event in stream_generate(self, ids, sampler, max_tokens, stop):
+            if event.text:
+                yield event.text
+
+
+def set_threads(threads: int | None) -> int:
+    """Numba's worker count: llama.cpp's default is the number of physical cores."""
+    import numba
+    import psutil
+
+    available = numba.config.NUMBA_NUM_THREADS
+    if threads is None:
+        threads = psutil.cpu_count(logical=False) or available
+    if threads < 1:
+        raise EdgeInferError(f"threads must be >= 1, got {threads}")
+    numba.set_num_threads(min(threads, available))
+    return min(threads, available)

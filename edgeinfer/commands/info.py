@@ -1,0 +1,85 @@
+"""`edgeinfer info MODEL`: what a GGUF file holds and what running it costs, without
+compiling anything (no numba import)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from edgeinfer.errors import EdgeInferError
+
+
+def info_command(model: str | None, n_ctx: int) -> None:
+    from edgeinfer.arch import get_arch
+    from edgeinfer.gguf_file import GGUFFile
+    from edgeinfer.pull import resolve_model
+
+    path = resolve_model(model)
+    gguf = GGUFFile(path)
+    meta = gguf.metadata
+    if "general.architecture" not in meta:
+        raise EdgeInferError(f"{path}: GGUF file has no 'general.architecture' key")
+    config = get_arch(meta["general.architecture"]).config_from_gguf(meta)
+    n_ctx = n_ctx or min(4096, config.n_ctx_train)
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for key, value in describe(path, gguf, config, n_ctx):
+        table.add_row(f"[bold]{key}[/bold]", value)
+    Console().print(table)
+
+
+def describe(path, gguf, config, n_ctx: int) -> list[tuple[str, str]]:
+    meta = gguf.metadata
+    n_params = sum(_numel(t.shape) for t in gguf.tensors.values())
+    types = Counter(t.type_name for t in gguf.tensors.values())
+    weights = path.stat().st_size
+    kv = config.kv_cache_bytes(n_ctx)
+    template = meta.get("tokenizer.chat_template")
+    rows = [
+        ("file", f"{path} ({_mib(weights)})"),
+        ("name", config.name),
+        ("architecture", config.arch),
+        ("parameters", f"{n_params / 1e6:.1f} M"),
+        ("tensor types", ", ".join(f"{name} x{n}" for name, n in types.most_common())),
+        ("layers", str(config.n_layer)),
+        ("embedding", str(config.n_embd)),
+        ("heads", f"{config.n_head} (kv {config.n_head_kv}, head dim {config.head_dim})"),
+        ("feed-forward", str(config.n_ff)),
+        ("rope", f"{'neox' if config.rope_neox else 'norm'}, base {config.rope_base:g}, "
+                 f"{config.n_rot} dims"),
+        ("attention", _attention_layout(config)),
+        ("context", f"{config.n_ctx_train} trained, {n_ctx} used here"),
+        ("tokenizer", f"{meta.get('tokenizer.ggml.model', '?')} "
+                      f"(pre {meta.get('tokenizer.ggml.pre', 'default')}), "
+                      f"{config.n_vocab} tokens"),
+        ("chat template", _first_line(template) if template else "none (ChatML is used)"),
+        ("memory", f"weights {_mib(weights)} (memory-mapped) + KV cache {_mib(kv)} "
+                   f"(F16, {n_ctx} tokens) = {_mib(weights + kv)}"),
+    ]
+    return rows
+
+
+def _attention_layout(config) -> str:
+    if not any(config.swa_layers):
+        return "full causal on every layer"
+    local = sum(config.swa_layers)
+    pattern = "".join("L" if s else "G" for s in config.swa_layers)
+    return (f"sliding window {config.sliding_window} on {local} local layers (rope base "
+            f"{config.rope_base_swa:g}), {config.n_layer - local} global: {pattern}")
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{len(text)} chars: {line[:60]}{'…' if len(line) > 60 else ''}"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -1,0 +1,49 @@
+"""Terminal progress for the commands: everything goes to stderr, so stdout stays clean."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
+
+stderr = Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def byte_progress(quiet: bool = False) -> Iterator[Callable[[str, int, int], None]]:
+    """A callback (stage, done, total) drawing one bar per stage (download, verify)."""
+    if quiet:
+        yield lambda stage, done, total: None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=stderr,
+                  transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total or None)
+            bar.update(tasks[stage], completed=done, total=total or None)
+
+        yield report
+
+
+@contextmanager
+def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A spinner on a terminal, plain lines otherwise; yields a function to update it."""
+    if quiet:
+        yield lambda text: None
+        return
+    if not stderr.is_terminal:
+        def line(text: str) -> None:
+            sys.stderr.write(f"{text}\n")
+            sys.stderr.flush()
+
+        yield line
+        return
+    with stderr.status(message) as spinner:
+        yield lambda text: spinner.update(text)

@@ -1,0 +1,78 @@
+"""`edgeinfer run`: load, build the prompt, stream the answer to stdout, timings to stderr."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from edgeinfer.errors import EdgeInferError
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    model: str | None
+    prompt: str | None
+    n_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+    threads: int | None = None
+    n_ctx: int = 0
+    raw: bool = False
+    system: str | None = None
+    stop: tuple[str, ...] = ()
+    quiet: bool = False
+
+
+def run_command(opts: RunOptions) -> None:
+    from edgeinfer.commands.progress import byte_progress, status
+    from edgeinfer.generate import stream_generate
+    from edgeinfer.pull import resolve_model
+    from edgeinfer.sampling import SamplingParams, make_sampler
+
+    if opts.prompt is None:
+        raise EdgeInferError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
+    sampler = make_sampler(SamplingParams(
+        temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
+        repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed))
+    with byte_progress(opts.quiet) as report:
+        path = resolve_model(opts.model, report)
+    with status(f"loading {path.name}", opts.quiet) as update:
+        from edgeinfer.api import Model
+
+        model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update)
+    ids = model.tokenize(build_prompt(model, opts))
+    event = None
+    for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop):
+        if event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    if sys.stdout.isatty():
+        sys.stdout.write("\n")
+    if not opts.quiet and event is not None:
+        print_timings(event.timings)
+
+
+def build_prompt(model, opts: RunOptions) -> str:
+    """The model's chat template around the prompt unless --raw or the model has none."""
+    if opts.raw or not model.chat_template:
+        return opts.prompt
+    messages = [{"role": "system", "content": opts.system}] if opts.system else []
+    messages.append({"role": "user", "content": opts.prompt})
+    return model.apply_chat_template(messages)
+
+
+def print_timings(t) -> None:
+    """llama.cpp's end-of-run lines (llama_perf_context_print), on stderr."""
+    def line(label: str, ms: float, n: int) -> str:
+        per_tok = ms / n if n else 0.0
+        per_sec = 1e3 * n / ms if ms else 0.0
+        return (f"{label} = {ms:10.2f} ms / {n:5d} tokens ({per_tok:8.2f} ms per token, "
+                f"{per_sec:8.2f} tokens per second)\n")
+
+    sys.stderr.write("\n" + line("prompt eval time", t.prompt_ms, t.prompt_n))
+    sys.stderr.write(line("       eval time", t.predicted_ms, t.predicted_n))

@@ -1,0 +1,148 @@
+"""Generation in three layers; only the CLI (outermost) prints.
+
+- `generate_step` yields token ids: prefill the prompt in one batched forward, then decode one
+  token per step into preallocated buffers.
+- `stream_generate` turns ids into `GenerationEvent`s: text pieces that never split a UTF-8
+  character, stop strings held back until they can no longer match, a finish reason and
+  llama.cpp-style timings.
+- `edgeinfer.api.Model.generate` yields just the text, and the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+
+from edgeinfer.errors import EdgeInferError
+
+if TYPE_CHECKING:
+    from edgeinfer.api import Model
+    from edgeinfer.sampling import Sampler
+
+
+@dataclass
+class Timings:
+    """llama.cpp's end-of-run figures (milliseconds)."""
+
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        return 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0
+
+
+@dataclass
+class GenerationEvent:
+    text: str  # new text since the previous event (may be "")
+    token: int | None  # the token that produced it; None on the final event
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    timings: Timings = field(default_factory=Timings)
+
+
+def check_prompt(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt == 0:
+        raise EdgeInferError("empty prompt: nothing to generate from")
+    if n_prompt >= n_ctx:
+        raise EdgeInferError(
+            f"prompt is too long ({n_prompt} tokens) for the context size ({n_ctx} tokens); "
+            "use a larger -c/--ctx-size or a shorter prompt"
+        )
+
+
+def generate_step(model: "Model", prompt: Sequence[int], sampler: "Sampler",
+                  timings: Timings, slot: int = 0) -> Iterator[int]:
+    """Yield sampled token ids until the context is full; the caller decides when to stop."""
+    tf = model.transformer
+    n_prompt = len(prompt)
+    check_prompt(n_prompt, tf.n_ctx)
+    recent = list(prompt[-64:])
+    logits = np.zeros((1, model.config.n_vocab), dtype=np.float32)
+    token, pos, slot_arr = (np.zeros(1, np.int32) for _ in range(3))
+    slot_arr[0] = slot
+    t0 = time.perf_counter()
+    ids = np.asarray(prompt, dtype=np.int32)
+    tf.forward(ids, np.arange(n_prompt, dtype=np.int32), np.full(n_prompt, slot, np.int32),
+               np.array([n_prompt - 1], np.int32), logits)
+    timings.prompt_n, timings.prompt_ms = n_prompt, 1e3 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for p in range(n_prompt, tf.n_ctx + 1):
+        next_id = sampler.sample(logits[0], recent)
+        timings.predicted_n += 1
+        timings.predicted_ms = 1e3 * (time.perf_counter() - t0)
+        yield next_id
+        if p == tf.n_ctx:
+            return
+        recent.append(next_id)
+        if len(recent) > 256:
+            del recent[:-64]
+        token[0], pos[0] = next_id, p
+        tf.forward(token, pos, slot_arr, np.zeros(1, np.int32), logits)
+
+
+class StopMatcher:
+    """Holds back text that might be the start of a stop string (llama.cpp's partial match)."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """Returns (text safe to emit, whether a stop string was hit)."""
+        buf = self.pending + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            self.pending = ""
+            return buf[: min(hits)[0]], True
+        keep = max((_partial_suffix(buf, s) for s in self.stops), default=0)
+        self.pending = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, ""
+        return text
+
+
+def _partial_suffix(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def stream_generate(model: "Model", prompt: Sequence[int], sampler: "Sampler",
+                    max_tokens: int = -1, stop: Sequence[str] = (),
+                    slot: int = 0) -> Iterator[GenerationEvent]:
+    """Events with text pieces; the last one carries finish_reason and the timings.
+    max_tokens < 0 means until EOS or the end of the context."""
+    timings = Timings()
+    decoder = model.tokenizer.stream_decoder()
+    matcher = StopMatcher(stop)
+    finish, hit, n = "length", False, 0
+    for token in generate_step(model, prompt, sampler, timings, slot):
+        if model.tokenizer.is_eog(token):
+            finish = "stop"
+            break
+        n += 1
+        text, hit = matcher.feed(decoder.feed(token))
+        yield GenerationEvent(text, token, timings=timings)
+        if hit:
+            finish = "stop"
+            break
+        if n == max_tokens:
+            break
+    tail = ""
+    if not hit:  # emit what was held back: an incomplete character, a partial stop string
+        tail, hit = matcher.feed(decoder.flush())
+        tail += "" if hit else matcher.flush()
+    yield GenerationEvent(tail, None, finish, timings)
