@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, quants
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 
 KQUANT_SCALE = {  # (offset of the f16 d field, d) per k-quant type, keeping values ~0.1
     Q.Q2_K: ((80, 82), 2e-3), Q.Q3_K: ((108,), 5e-4), Q.Q4_K: ((0, 2), 1e-4),
@@ -44,6 +44,9 @@ def vocab() -> list[str]:
     return SPECIALS + bytes_to_unicode() + merged
 
 
+QUANTIZABLE = {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
+
+
 def random_weight(rng, shape, qtype) -> np.ndarray:
     """Random weights ~N(0, 0.1) in the given type, as raw data GGUFWriter accepts."""
     n_out, n_in = shape
@@ -55,6 +58,9 @@ def random_weight(rng, shape, qtype) -> np.ndarray:
             scale = (rng.uniform(0.5, 1.5, blocks.shape[:2]) * d).astype(np.float16)
             blocks[:, :, off : off + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
         return raw
+    if qtype not in QUANTIZABLE:  # a type we do not run: right size, content irrelevant
+        block, size = GGML_QUANT_SIZES[qtype]
+        return np.zeros((n_out, n_in // block * size), dtype=np.uint8)
     x = (rng.standard_normal(shape) * 0.1).astype(np.float32)
     if qtype == Q.F32:
         return x
@@ -97,7 +103,7 @@ def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: i
     def vec(name, n, offset=1.0):
         w.add_tensor(name, (offset + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    mat("token_embd.weight", n_vocab, n_embd, Q.Q8_0 if qtype in BLOCK_BYTES else qtype)
+    mat("token_embd.weight", n_vocab, n_embd, qtype if qtype in QUANTIZABLE else Q.Q8_0)
     vec("output_norm.weight", n_embd)
     if not tied:
         mat("output.weight", n_vocab, n_embd)

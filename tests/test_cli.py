@@ -1,0 +1,124 @@
+"""The CLI as a user runs it: a subprocess, with pipes, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from tiny_models import write_tiny_model
+
+from edgeinfer.api import Model
+
+
+def edgeinfer(*args, stdin: str | None = None, timeout: float = 300):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *map(str, args)],
+                           input=stdin, capture_output=True, text=True, timeout=timeout,
+                           env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny.gguf", "llama", Q.Q8_0)
+
+
+def expected_text(path, prompt: str, n: int) -> str:
+    model = Model.load(path, n_ctx=256)
+    return "".join(model.generate(prompt, max_tokens=n, temperature=0))
+
+
+def test_help_is_fast_and_does_not_import_numba():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "edgeinfer.cli", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert "run" in out.stdout and "serve" in out.stdout
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()}
+    assert "numba" not in imported
+
+
+def test_run_prompt_stdout_is_only_the_text(tiny):
+    want = expected_text(tiny, "the cat", 12)
+    out = edgeinfer("run", tiny, "-p", "the cat", "-n", 12, "--temp", 0, "--raw", "-c", 256)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == want
+    assert "eval time" in out.stderr
+
+
+def test_run_reads_stdin_and_file(tiny, tmp_path):
+    want = expected_text(tiny, "the cat", 8)
+    piped = edgeinfer("run", tiny, "-n", 8, "--temp", 0, "--raw", "-q", stdin="the cat")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == want and piped.stderr == ""
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("the cat")
+    from_file = edgeinfer("run", tiny, "-f", prompt_file, "-n", 8, "--temp", 0, "--raw", "-q")
+    assert from_file.stdout == want
+
+
+def test_run_same_seed_same_text(tiny):
+    args = ("run", tiny, "-p", "in the", "-n", 16, "--temp", 1.0, "--seed", 7, "-q", "--raw")
+    first, second = edgeinfer(*args), edgeinfer(*args)
+    assert first.returncode == 0 and first.stdout == second.stdout
+
+
+def test_chat_template_applied_by_default(tiny):
+    model = Model.load(tiny, n_ctx=256)
+    chat = model.apply_chat_template([{"role": "user", "content": "hi"}])
+    want = "".join(model.generate(chat, max_tokens=6, temperature=0))
+    out = edgeinfer("run", tiny, "-p", "hi", "-n", 6, "--temp", 0, "-q")
+    assert out.stdout == want
+
+
+def test_info(tiny):
+    out = edgeinfer("info", tiny, "-c", 128)
+    assert out.returncode == 0
+    assert "llama" in out.stdout and "Q8_0" in out.stdout and "KV cache" in out.stdout
+
+
+def bad_files(tmp_path, tiny):
+    data = tiny.read_bytes()
+    cases = {
+        "missing": (tmp_path / "nope.gguf", "no such file"),
+        "magic": (tmp_path / "magic.gguf", "bad magic"),
+        "truncated": (tmp_path / "trunc.gguf", "truncated"),
+        "version": (tmp_path / "version.gguf", "unsupported GGUF version 1"),
+        "arch": (tmp_path / "arch.gguf", "unsupported architecture 'llamx'"),
+        "quant": (write_tiny_model(tmp_path / "iq.gguf", "llama", Q.IQ2_XXS),
+                  "tensor 'blk.0.attn_q.weight' has unsupported quant type IQ2_XXS"),
+    }
+    cases["magic"][0].write_bytes(b"NOPE" + data[4:])
+    cases["truncated"][0].write_bytes(data[: len(data) // 2])
+    cases["version"][0].write_bytes(data[:4] + (1).to_bytes(4, "little") + data[8:])
+    cases["arch"][0].write_bytes(data.replace(b"llama", b"llamx"))
+    return cases
+
+
+@pytest.mark.parametrize("kind", ["missing", "magic", "truncated", "version", "arch", "quant"])
+def test_bad_model_files_fail_with_one_line(tiny, tmp_path, kind):
+    path, message = bad_files(tmp_path, tiny)[kind]
+    out = edgeinfer("run", path, "-p", "hi", "-n", 2)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], out.stderr
+
+
+def test_prompt_longer_than_context(tiny):
+    out = edgeinfer("run", tiny, "-p", "the cat " * 100, "-c", 32, "--raw", "-n", 4)
+    assert out.returncode == 1 and "context size" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_wrong_flag_is_a_usage_error(tiny):
+    out = edgeinfer("run", tiny, "--no-such-flag")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_no_prompt_on_a_terminal_is_an_error(tiny):
+    out = edgeinfer("run", tiny, "-n", 2, stdin="")
+    assert out.returncode == 1 and "empty prompt" in out.stderr
