@@ -30,6 +30,7 @@ import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from edgeinfer.kernels.registry import ActFormat
@@ -115,20 +116,70 @@ def _round_bf16(x: np.float32) -> np.float32:
     return _bits_f32(np.uint32(bits & 0xFFFFFFFF))
 
 
+def _is_row(ty, dtype) -> bool:
+    return isinstance(ty, types.Array) and ty.ndim == 1 and ty.layout == "C" and ty.dtype == dtype
+
+
+def _block_ptr(context, builder, arrty, arr, i0, elem: ir.Type, n: int):
+    """Pointer to <n x elem> at element i0 of a contiguous 1-D array."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [i0]), ir.VectorType(elem, n).as_pointer())
+
+
+def _reduce(builder, op: str, vec):
+    name = f"llvm.vector.reduce.{op}.v{vec.type.count}i32"
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vec.type.element, [vec.type]), name
+    )
+    return builder.call(fn, [vec])
+
+
+@intrinsic
+def _block_amax(typingctx, x, i0):
+    """max |x[i0:i0+32]|: an unsigned max over the sign-cleared bit patterns (monotonic for
+    non-negative floats), so it vectorizes without fast-math."""
+    if not _is_row(x, types.float32) or not isinstance(i0, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ptr = _block_ptr(context, builder, signature.args[0], args[0], args[1], ir.FloatType(), QK8)
+        bits = builder.bitcast(builder.load(ptr, align=4), ir.VectorType(ir.IntType(32), QK8))
+        mags = builder.and_(bits, ir.Constant(bits.type, [0x7FFFFFFF] * QK8))
+        return builder.bitcast(_reduce(builder, "umax", mags), ir.FloatType())
+
+    return types.float32(x, i0), codegen
+
+
+@intrinsic
+def _block_quantize(typingctx, x, xq, i0, inv):
+    """xq[i0:i0+32] = rint(x * inv) (ties to even, like _mm256_round_ps); returns sum(q)."""
+    if not (_is_row(x, types.float32) and _is_row(xq, types.int8)) or inv != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        xty, qty = signature.args[0], signature.args[1]
+        vf, vi = ir.VectorType(ir.FloatType(), QK8), ir.VectorType(ir.IntType(32), QK8)
+        xs = builder.load(_block_ptr(context, builder, xty, args[0], args[2], vf.element, QK8))
+        scale = builder.insert_element(ir.Constant(vf, None), args[3], ir.IntType(32)(0))
+        scale = builder.shuffle_vector(scale, scale, ir.Constant(vi, [0] * QK8))
+        rint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf]), "llvm.rint.v32f32"
+        )
+        q = builder.fptosi(builder.call(rint, [builder.fmul(xs, scale)]), vi)
+        q_ptr = _block_ptr(context, builder, qty, args[1], args[2], ir.IntType(8), QK8)
+        builder.store(builder.trunc(q, ir.VectorType(ir.IntType(8), QK8)), q_ptr, align=1)
+        return _reduce(builder, "add", q)
+
+    return types.int32(x, xq, i0, inv), codegen
+
+
 @njit(cache=True)
 def _quantize_block_q8(x, i0, xq):
     """Quantize x[i0:i0+32] into xq; returns (d unrounded f32, sum of the quants)."""
-    amax = np.float32(0.0)
-    for i in range(i0, i0 + QK8):
-        amax = max(amax, abs(x[i]))
+    amax = _block_amax(x, i0)
     d = amax / np.float32(127.0)
     inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
-    qsum = 0
-    for i in range(i0, i0 + QK8):
-        q = np.int32(np.rint(x[i] * inv))  # llvm.rint: ties to even, like _mm256_round_ps
-        xq[i] = q
-        qsum += q
-    return d, qsum
+    return d, _block_quantize(x, xq, i0, inv)
 
 
 @njit(cache=True)

@@ -191,79 +191,122 @@ def _hsum8(builder, v):
     return builder.fadd(builder.extract_element(s2, _I32(0)), builder.extract_element(s2, _I32(1)))
 
 
+def _row_ptr(context, builder, arrty, arr, t):
+    """i8* to row t of a 2-D array (any row stride)."""
+    ary = context.make_array(arrty)(context, builder, arr)
+    stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+    base = builder.bitcast(ary.data, _I8.as_pointer())
+    return builder.gep(base, [builder.mul(t, stride)])
+
+
 class _RowDot:
-    """Emits dot(weight row, one token's Q8 activations) for one block format."""
+    """Emits dot(one weight row, n_tok consecutive tokens' Q8 activations) for one format.
+    Several tokens per call decode each weight block once (prefill); one token uses two
+    accumulators (even/odd blocks) to hide the FMA latency (+10-15%, kernels.md)."""
 
-    def __init__(self, decode, block_bytes: int, has_min: bool):
+    def __init__(self, decode, block_bytes: int, has_min: bool, n_tok: int):
         self.decode, self.block_bytes, self.has_min = decode, block_bytes, has_min
+        self.n_tok, self.n_acc = n_tok, 2 if n_tok == 1 else 1
 
-    def block(self, builder, ptrs, i, acc_ptr, summ_ptr):
-        """Adds block i into the vector accumulator (and m*s into the scalar one)."""
-        w, xq, xd, xs = ptrs
+    def block(self, builder, w, tokens, i, accs, summs):
+        """Adds block i of every token into its vector accumulator (and m*s into summs)."""
         blk = builder.gep(w, [builder.mul(i, _I64(self.block_bytes))])
-        q_w = self.decode(builder, blk)
-        q_x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32))
-        isum = builder.sitofp(_dot_i8x32(builder, q_w, q_x, self.has_min), _V8F)
-        scale = builder.fmul(_load_f16(builder, blk, 0), builder.load(builder.gep(xd, [i])))
-        scale_v = _shuffle(
-            builder,
-            builder.insert_element(ir.Constant(_V8F, None), scale, _I32(0)),
-            ir.Constant(_V8F, None),
-            [0] * 8,
-        )
+        q_w, d_w = self.decode(builder, blk), _load_f16(builder, blk, 0)
+        m_w = _load_f16(builder, blk, 2) if self.has_min else None
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
         )
-        builder.store(builder.call(fma, [isum, scale_v, builder.load(acc_ptr)]), acc_ptr)
-        if self.has_min:
-            ms = builder.fmul(_load_f16(builder, blk, 2), builder.load(builder.gep(xs, [i])))
-            builder.store(builder.fadd(builder.load(summ_ptr), ms), summ_ptr)
+        for (xq, xd, xs), acc, summ in zip(tokens, accs, summs):
+            q_x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32))
+            isum = builder.sitofp(_dot_i8x32(builder, q_w, q_x, self.has_min), _V8F)
+            scale = builder.fmul(d_w, _load(builder, xd, builder.mul(i, _I64(4)), _F32))
+            scale_v = builder.insert_element(ir.Constant(_V8F, None), scale, _I32(0))
+            scale_v = _shuffle(builder, scale_v, scale_v, [0] * 8)
+            builder.store(builder.call(fma, [isum, scale_v, builder.load(acc)]), acc)
+            if self.has_min:
+                s_x = _load(builder, xs, builder.mul(i, _I64(4)), _F32)
+                builder.store(builder.fadd(builder.load(summ), builder.fmul(m_w, s_x)), summ)
 
     def emit(self, context, builder, sig, args):
-        ptrs = [context.make_array(ty)(context, builder, a).data for ty, a in zip(sig.args, args)]
-        ptrs = [builder.bitcast(p, _I8.as_pointer()) if i < 2 else p for i, p in enumerate(ptrs)]
-        xd_arr = context.make_array(sig.args[2])(context, builder, args[2])
-        n_blocks = cgutils.unpack_tuple(builder, xd_arr.shape, 1)[0]
-        # two accumulators (even/odd blocks) hide the FMA latency: +10-15% (kernels.md)
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_V8F, [0.0] * 8)) for _ in "ab"]
-        summ = cgutils.alloca_once_value(builder, _F32(0.0))
-        n_pairs = builder.udiv(n_blocks, _I64(2))
-        with cgutils.for_range(builder, n_pairs) as loop:
-            i = builder.mul(loop.index, _I64(2))
-            self.block(builder, ptrs, i, accs[0], summ)
-            self.block(builder, ptrs, builder.add(i, _I64(1)), accs[1], summ)
-        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_blocks, _I64(2)), _I64(0))):
-            self.block(builder, ptrs, builder.sub(n_blocks, _I64(1)), accs[0], summ)
-        total = _hsum8(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])))
-        return builder.fadd(total, builder.load(summ))
-
-
-def _is_vec(ty, dtype) -> bool:
-    return isinstance(ty, types.Array) and ty.ndim == 1 and ty.layout == "C" and ty.dtype == dtype
-
-
-def _rowdot_intrinsic(name: str, decode, block_bytes: int, has_min: bool):
-    """intrinsic rowdot(w_row u8[], xq_row i8[], xd_row f32[], xs_row f32[]) -> f32."""
-    emitter = _RowDot(decode, block_bytes, has_min)
-
-    def typer(typingctx, w, xq, xd, xs):
-        ok = (
-            _is_vec(w, types.uint8)
-            and _is_vec(xq, types.int8)
-            and _is_vec(xd, types.float32)
-            and _is_vec(xs, types.float32)
+        w_ty, xq_ty, xd_ty, xs_ty, _ = sig.args
+        w, xq, xd, xs, t0 = args
+        w_ptr = builder.bitcast(
+            context.make_array(w_ty)(context, builder, w).data, _I8.as_pointer()
         )
-        return (types.float32(w, xq, xd, xs), emitter.emit) if ok else None
+        tokens = []
+        for k in range(self.n_tok):
+            t = builder.add(t0, _I64(k))
+            tokens.append(
+                [
+                    _row_ptr(context, builder, ty, a, t)
+                    for ty, a in ((xq_ty, xq), (xd_ty, xd), (xs_ty, xs))
+                ]
+            )
+        xd_ary = context.make_array(xd_ty)(context, builder, xd)
+        n_blocks = cgutils.unpack_tuple(builder, xd_ary.shape, 2)[1]
+        zero = ir.Constant(_V8F, [0.0] * 8)
+        accs = [
+            [cgutils.alloca_once_value(builder, zero) for _ in range(self.n_acc)] for _ in tokens
+        ]
+        summs = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in tokens]
+        step = _I64(self.n_acc)
+        with cgutils.for_range(builder, builder.udiv(n_blocks, step)) as loop:
+            for p in range(self.n_acc):
+                i = builder.add(builder.mul(loop.index, step), _I64(p))
+                self.block(builder, w_ptr, tokens, i, [a[p] for a in accs], summs)
+        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))):
+            i = builder.sub(n_blocks, _I64(1))
+            self.block(builder, w_ptr, tokens, i, [a[0] for a in accs], summs)
+        results = []
+        for acc, summ in zip(accs, summs):
+            total = builder.load(acc[0])
+            for other in acc[1:]:
+                total = builder.fadd(total, builder.load(other))
+            results.append(builder.fadd(_hsum8(builder, total), builder.load(summ)))
+        return context.make_tuple(builder, sig.return_type, results)
 
-    typer.__name__ = typer.__qualname__ = f"rowdot_{name}"
+
+def _is_2d(ty, dtype) -> bool:
+    return isinstance(ty, types.Array) and ty.ndim == 2 and ty.layout == "C" and ty.dtype == dtype
+
+
+def _rowdot_intrinsic(name: str, decode, block_bytes: int, has_min: bool, n_tok: int):
+    """intrinsic rowdot(w_row u8[], xq i8[:, :], xd f32[:, :], xs f32[:, :], t0) ->
+    n_tok-tuple of f32: dot(w_row, token t0 + k) for k < n_tok."""
+    emitter = _RowDot(decode, block_bytes, has_min, n_tok)
+
+    def typer(typingctx, w, xq, xd, xs, t0):
+        ok = (
+            isinstance(w, types.Array)
+            and w.ndim == 1
+            and w.layout == "C"
+            and w.dtype == types.uint8
+            and _is_2d(xq, types.int8)
+            and _is_2d(xd, types.float32)
+            and _is_2d(xs, types.float32)
+        )
+        ret = types.UniTuple(types.float32, n_tok)
+        return (ret(w, xq, xd, xs, types.int64), emitter.emit) if ok else None
+
+    typer.__name__ = typer.__qualname__ = f"rowdot{n_tok}_{name}"
     return intrinsic(typer)
 
 
-_rowdot_q8_0 = _rowdot_intrinsic("q8_0", _decode_q8_0, 34, False)
-_rowdot_q4_0 = _rowdot_intrinsic("q4_0", _decode_q4_0, 18, False)
-_rowdot_q4_1 = _rowdot_intrinsic("q4_1", _decode_q4_1, 20, True)
-_rowdot_q5_0 = _rowdot_intrinsic("q5_0", _decode_q5_0, 22, False)
-_rowdot_q5_1 = _rowdot_intrinsic("q5_1", _decode_q5_1, 24, True)
+TOKENS_PER_CALL = 4  # prefill: tokens per weight-block decode
+
+# name, decoder, block bytes, has a minimum (the `_1` formats, Q8_1 activations)
+_FORMATS = {
+    "q8_0": (_decode_q8_0, 34, False),
+    "q4_0": (_decode_q4_0, 18, False),
+    "q4_1": (_decode_q4_1, 20, True),
+    "q5_0": (_decode_q5_0, 22, False),
+    "q5_1": (_decode_q5_1, 24, True),
+}
+_rowdot_q8_0, _rowdot4_q8_0 = (_rowdot_intrinsic("q8_0", *_FORMATS["q8_0"], n) for n in (1, 4))
+_rowdot_q4_0, _rowdot4_q4_0 = (_rowdot_intrinsic("q4_0", *_FORMATS["q4_0"], n) for n in (1, 4))
+_rowdot_q4_1, _rowdot4_q4_1 = (_rowdot_intrinsic("q4_1", *_FORMATS["q4_1"], n) for n in (1, 4))
+_rowdot_q5_0, _rowdot4_q5_0 = (_rowdot_intrinsic("q5_0", *_FORMATS["q5_0"], n) for n in (1, 4))
+_rowdot_q5_1, _rowdot4_q5_1 = (_rowdot_intrinsic("q5_1", *_FORMATS["q5_1"], n) for n in (1, 4))
 
 
 # ---- kernels: one per type, identical loops around the type's row dot product
@@ -273,134 +316,141 @@ _rowdot_q5_1 = _rowdot_intrinsic("q5_1", _decode_q5_1, 24, True)
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, xq, xd, xs, xf, out) -> None:
     n_tok, n_out = out.shape
+    n_quad = n_tok // TOKENS_PER_CALL
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for tq in range(n_quad):
             for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q8_0(w[r], xq[t], xd[t], xs[t])
+                res = _rowdot4_q8_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
+                for k in range(TOKENS_PER_CALL):
+                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
+        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q8_0(w[r], xq, xd, xs, t)[0]
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_0(w, xq, xd, xs, xf, out) -> None:
     n_tok, n_out = out.shape
+    n_quad = n_tok // TOKENS_PER_CALL
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for tq in range(n_quad):
             for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q4_0(w[r], xq[t], xd[t], xs[t])
+                res = _rowdot4_q4_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
+                for k in range(TOKENS_PER_CALL):
+                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
+        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q4_0(w[r], xq, xd, xs, t)[0]
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_1(w, xq, xd, xs, xf, out) -> None:
     n_tok, n_out = out.shape
+    n_quad = n_tok // TOKENS_PER_CALL
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for tq in range(n_quad):
             for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q4_1(w[r], xq[t], xd[t], xs[t])
+                res = _rowdot4_q4_1(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
+                for k in range(TOKENS_PER_CALL):
+                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
+        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q4_1(w[r], xq, xd, xs, t)[0]
 
 
 @njit(parallel=True, cache=True)
 def matmul_q5_0(w, xq, xd, xs, xf, out) -> None:
     n_tok, n_out = out.shape
+    n_quad = n_tok // TOKENS_PER_CALL
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for tq in range(n_quad):
             for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q5_0(w[r], xq[t], xd[t], xs[t])
+                res = _rowdot4_q5_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
+                for k in range(TOKENS_PER_CALL):
+                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
+        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q5_0(w[r], xq, xd, xs, t)[0]
 
 
 @njit(parallel=True, cache=True)
 def matmul_q5_1(w, xq, xd, xs, xf, out) -> None:
     n_tok, n_out = out.shape
+    n_quad = n_tok // TOKENS_PER_CALL
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for tq in range(n_quad):
             for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q5_1(w[r], xq[t], xd[t], xs[t])
+                res = _rowdot4_q5_1(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
+                for k in range(TOKENS_PER_CALL):
+                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
+        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                out[t, r] = _rowdot_q5_1(w[r], xq, xd, xs, t)[0]
 
 
 # ---- float weights
 
 
 @intrinsic
-def _f16_bits_to_f32(typingctx, bits):
-    """IEEE half bits -> f32 (vcvtph2ps with F16C); numba has no float16 type on CPU."""
-    if bits != types.uint16:
+def _weight_to_f32(typingctx, v):
+    """One float weight as f32, by storage dtype: float32 as is; int16 = IEEE half bits (the
+    F16 wrapper's view, numba has no float16 type on CPU); uint16 = bfloat16 bits."""
+    if v not in (types.float32, types.int16, types.uint16):
         return None
 
     def codegen(context, builder, signature, args):
-        return _half_to_f32(builder, args[0])
+        (value,) = args
+        if signature.args[0] == types.float32:
+            return value
+        if signature.args[0] == types.int16:
+            return _half_to_f32(builder, value)
+        return builder.bitcast(builder.shl(builder.zext(value, _I32), _I32(16)), _F32)
 
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def _bf16_bits_to_f32(typingctx, bits):
-    """bfloat16 bits -> f32: the bits are the top half of the f32."""
-    if bits != types.uint16:
-        return None
-
-    def codegen(context, builder, signature, args):
-        wide = builder.shl(builder.zext(args[0], _I32), _I32(16))
-        return builder.bitcast(wide, _F32)
-
-    return types.float32(types.uint16), codegen
+    return types.float32(v), codegen
 
 
 _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD dot products
 
 
 @njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
-def matmul_f32(w, xq, xd, xs, xf, out) -> None:
+def matmul_float(w, xq, xd, xs, xf, out) -> None:
+    """F32 (float32 w) and BF16 (uint16 w) weights; F16 comes through matmul_f16."""
     n_tok, n_out = out.shape
     n_in = xf.shape[1]
+    n_quad = n_tok // 4
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
+        for t in range(0, n_quad * 4, 4):  # 4 tokens per converted weight (prefill)
+            for r in range(c * ROWS_PER_CHUNK, r_end):
+                a0 = a1 = a2 = a3 = np.float32(0.0)
+                for i in range(n_in):
+                    v = _weight_to_f32(w[r, i])
+                    a0 += v * xf[t, i]
+                    a1 += v * xf[t + 1, i]
+                    a2 += v * xf[t + 2, i]
+                    a3 += v * xf[t + 3, i]
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a0, a1, a2, a3
+        for t in range(n_quad * 4, n_tok):
             for r in range(c * ROWS_PER_CHUNK, r_end):
                 acc = np.float32(0.0)
                 for i in range(n_in):
-                    acc += w[r, i] * xf[t, i]
-                out[t, r] = acc
-
-
-@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
-def _matmul_f16_bits(w, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_in = xf.shape[1]
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                acc = np.float32(0.0)
-                for i in range(n_in):
-                    acc += _f16_bits_to_f32(w[r, i]) * xf[t, i]
+                    acc += _weight_to_f32(w[r, i]) * xf[t, i]
                 out[t, r] = acc
 
 
 def matmul_f16(w, xq, xd, xs, xf, out) -> None:
     """F16 weights (a float16 array) times F16-rounded activations, f32 accumulation."""
-    _matmul_f16_bits(w.view(np.uint16), xf, out)  # numba cannot type float16 arrays
+    matmul_float(w.view(np.int16), xq, xd, xs, xf, out)
 
 
-@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
-def matmul_bf16(w, xq, xd, xs, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_in = xf.shape[1]
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for t in range(n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                acc = np.float32(0.0)
-                for i in range(n_in):
-                    acc += _bf16_bits_to_f32(w[r, i]) * xf[t, i]
-                out[t, r] = acc
-
-
-register(T.F32, F32_ACT, matmul_f32)
+register(T.F32, F32_ACT, matmul_float)
 register(T.F16, F16_ACT, matmul_f16)
-register(T.BF16, BF16_ACT, matmul_bf16)
+register(T.BF16, BF16_ACT, matmul_float)
 register(T.Q8_0, Q8_0_ACT, matmul_q8_0)
 register(T.Q4_0, Q8_0_ACT, matmul_q4_0)
 register(T.Q4_1, Q8_1_ACT, matmul_q4_1)
