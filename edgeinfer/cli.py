@@ -93,6 +93,22 @@ def info(
 
 
 @app.command()
+def bench(
+    model: Optional[str] = MODEL_ARG,
+    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens (pp test)."),
+    n_gen: int = typer.Option(128, "-n", "--n-gen", help="Generated tokens (tg test)."),
+    threads: Optional[int] = THREADS,
+    reps: int = typer.Option(5, "-r", "--repetitions"),
+    ctx_size: int = CTX,
+    as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
+) -> None:
+    """Measure prompt processing and generation speed, like llama-bench."""
+    from edgeinfer.commands.bench import bench_command
+
+    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json)
+
+
+@app.command()
 def serve(
     model: Optional[str] = MODEL_ARG,
     host: str = typer.Option("127.0.0.1", "--host"),

@@ -1,6 +1,8 @@
 """Element-wise and per-row kernels of the forward pass: norms, rope, activations, embedding.
 
-Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
+These are serial on purpose: they touch a few KB per token, and a Numba parallel region
+costs microseconds of fork/join per call (shared/docs/kernels.md), more than the work itself
+at decode time. Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
 including where ggml accumulates in double or rounds to F16, so our logits track
 llama.cpp's. Kernels write into `out` arguments and never allocate.
 """
@@ -10,19 +12,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, round_f16
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def rms_norm(x, weight, eps, out):
     """ggml_compute_forward_rms_norm_f32 then mul: squares summed in double, f32 scale.
 
     x, out (n, dim) f32 (may alias); weight (dim,) f32.
     """
     n, dim = x.shape
-    for i in prange(n):
+    for i in range(n):
         acc = 0.0
         for j in range(dim):
             acc += np.float64(x[i, j]) * np.float64(x[i, j])
@@ -31,11 +33,11 @@ def rms_norm(x, weight, eps, out):
             out[i, j] = x[i, j] * scale * weight[j]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def rms_norm_heads(x, weight, eps):
     """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
     n, n_heads, hd = x.shape
-    for t in prange(n * n_heads):
+    for t in range(n * n_heads):
         i, h = t // n_heads, t % n_heads
         acc = 0.0
         for j in range(hd):
@@ -63,7 +65,7 @@ def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def rope(x, positions, cos, sin, neox):
     """In-place rotary embedding of x (n, n_heads, head_dim) at absolute positions (n,).
 
@@ -73,7 +75,7 @@ def rope(x, positions, cos, sin, neox):
     """
     n, n_heads, _ = x.shape
     half = cos.shape[1]
-    for t in prange(n * n_heads):
+    for t in range(n * n_heads):
         i, h = t // n_heads, t % n_heads
         p = positions[i]
         for k in range(half):
@@ -85,11 +87,11 @@ def rope(x, positions, cos, sin, neox):
             x[i, h, b] = x0 * s + x1 * c
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def swiglu(gate, up, out):
     """silu(gate) * up in f32 (ggml_vec_swiglu_f32). All (n, n_ff)."""
     n, m = gate.shape
-    for i in prange(n):
+    for i in range(n):
         for j in range(m):
             g = gate[i, j]
             out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
@@ -107,20 +109,20 @@ def _gelu_tanh_f16(x):
     return round_f16(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(inner))))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def geglu(gate, up, out):
     """gelu_tanh(gate) * up (ggml_vec_geglu_f32 with the F16 table), gemma3's FFN."""
     n, m = gate.shape
-    for i in prange(n):
+    for i in range(n):
         for j in range(m):
             out[i, j] = _gelu_tanh_f16(gate[i, j]) * up[i, j]
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def add_inplace(x, y):
     """x += y, both (n, dim) f32: residual connections."""
     n, dim = x.shape
-    for i in prange(n):
+    for i in range(n):
         for j in range(dim):
             x[i, j] += y[i, j]
 

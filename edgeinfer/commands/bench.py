@@ -1,0 +1,31 @@
+"""`edgeinfer bench`: llama-bench's table (or its JSON rows) for one model."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | None,
+                  reps: int, n_ctx: int, as_json: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from edgeinfer.api import Model, set_threads
+    from edgeinfer.bench import run_bench
+    from edgeinfer.commands.progress import status
+    from edgeinfer.pull import resolve_model
+
+    path = resolve_model(model)
+    with status(f"loading {path.name}") as update:
+        loaded = Model.load(path, n_ctx=n_ctx or max(512, n_prompt + n_gen), threads=threads,
+                            progress=update)
+    rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads))
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_json() for r in rows], indent=2) + "\n")
+        return
+    table = Table("model", "threads", "test", "t/s", "peak RSS")
+    for r in rows:
+        table.add_row(path.name, str(r.n_threads), r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
+                      f"{r.peak_rss_mb:.0f} MB")
+    Console().print(table)
