@@ -4,18 +4,21 @@ Each kernel has the registry's uniform signature `kernel(w, xq, xd, xs, xf, out)
 out[t, r] = dot(w[r], x[t]) for every token t and output row r.
 
 Integer types follow llama.cpp's AVX2 `ggml_vec_dot_*_q8_*` (ggml-cpu/arch/x86/quants.c): per
-32-value block an exact integer dot product (pairwise int16 products summed into 8 int32
-lanes, i.e. `vpmaddwd`), converted to f32 and accumulated with one FMA by d_w*d_x into an
-8-lane f32 accumulator that lives across blocks; the `_1` types add sum(m_w * s_x) in a scalar
-f32. The block loop is hand-written LLVM vector IR (`numba.extending.intrinsic`), because
-LLVM's auto-vectorizers were fragile on nibble formats (kernels.md, facts 1-6); the IR is
-portable (no x86 intrinsics) so it also lowers to NEON.
+32-value block an exact integer dot product into 8 int32 lanes, converted to f32 and
+accumulated with one FMA by d_w*d_x into an 8-lane f32 accumulator that lives across blocks;
+the `_1` types add sum(m_w * s_x) in a scalar f32. The block loop is hand-written LLVM vector
+IR (`numba.extending.intrinsic`): LLVM's auto-vectorizers were fragile on nibble formats
+(kernels.md, facts 1-6). The integer dot itself is chosen once from the CPU numba targets
+(DOT_PATH): `vpdpbusd` (AVX-VNNI / AVX512-VNNI), else `vpmaddubsw`+`vpmaddwd` (AVX2), both
+with llama.cpp's sign trick for signed weights, else portable IR (NEON, NUMBA_CPU_NAME=generic).
+All three give bit-identical results: the integer sums are exact.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 
-Parallelism: `prange` over chunks of output rows; inside a chunk every token is processed
-for each row, so prefill reads each weight row from cache, not DRAM, once per token.
+Parallelism: `prange` over chunks of ROWS_PER_CHUNK output rows. Inside a chunk, tokens go
+TOKENS_PER_CALL at a time through each row, so prefill decodes a weight block once per 4
+tokens and re-reads weights from L1/L2, not DRAM.
 """
 
 from __future__ import annotations
@@ -126,10 +129,9 @@ def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
 # ---- the block dot product and the row loop
 
 
-_FEATURES = CPU_FEATURES
-if "avxvnni" in _FEATURES or {"avx512vnni", "avx512vl"} <= _FEATURES:
+if "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
     DOT_PATH = "vnni"  # vpdpbusd: 32 u8*s8 products summed into 8 i32 in one instruction
-elif "avx2" in _FEATURES:
+elif "avx2" in CPU_FEATURES:
     DOT_PATH = "avx2"  # vpmaddubsw + vpmaddwd, llama.cpp's AVX2 path
 else:
     DOT_PATH = "generic"  # portable IR; LLVM picks widening multiplies (NEON smull/sdot...)
@@ -160,7 +162,8 @@ def _dot_generic(builder, a, b):
 
 
 def _dot_u8s8(builder, u, s):
-    """dot of unsigned bytes u (<= 127 here, so i16 pair sums cannot saturate) with signed s."""
+    """dot of unsigned bytes u with signed bytes s. u <= 128 and |s| <= 127 here, so the i16
+    pair sums of vpmaddubsw (<= 32512) cannot saturate."""
     v8i32 = _vec(_I32, 8)
     if DOT_PATH == "vnni":
         zero = ir.Constant(v8i32, [0] * 8)
@@ -172,8 +175,7 @@ def _dot_u8s8(builder, u, s):
 
 
 def _dot_i8x32(builder, a, b, a_unsigned: bool):
-    """Exact dot of two <32 x i8> (|values| <= 127 on at least one side) as <8 x i32> partial
-    sums. x86: multiply |a| by b carrying a's sign (vpsignb), as llama.cpp's
+    """Exact dot of weights a and activations b (|b| <= 127) as <8 x i32> partial sums. x86: multiply |a| by b carrying a's sign (vpsignb), as llama.cpp's
     mul_sum_i8_pairs; the `_1` formats' weights are already unsigned."""
     if DOT_PATH == "generic":
         return _dot_generic(builder, a, b)
@@ -189,6 +191,18 @@ def _hsum8(builder, v):
     s4 = builder.fadd(_shuffle(builder, v, v, [0, 1, 2, 3]), _shuffle(builder, v, v, [4, 5, 6, 7]))
     s2 = builder.fadd(_shuffle(builder, s4, s4, [0, 1]), _shuffle(builder, s4, s4, [2, 3]))
     return builder.fadd(builder.extract_element(s2, _I32(0)), builder.extract_element(s2, _I32(1)))
+
+
+def _prefetch(builder, ptr) -> None:
+    """Software prefetch (read, keep in all levels). Small blocks carry few bytes per
+    instruction, so the out-of-order window alone keeps too few cache misses in flight;
+    on this machine the Q4 kernels read DRAM at half the rate of Q8_0 without it."""
+    fn = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
+        "llvm.prefetch.p0",
+    )
+    builder.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])
 
 
 def _row_ptr(context, builder, arrty, arr, t):
@@ -211,6 +225,7 @@ class _RowDot:
     def block(self, builder, w, tokens, i, accs, summs):
         """Adds block i of every token into its vector accumulator (and m*s into summs)."""
         blk = builder.gep(w, [builder.mul(i, _I64(self.block_bytes))])
+        _prefetch(builder, builder.gep(blk, [_I64(PREFETCH_BYTES)]))
         q_w, d_w = self.decode(builder, blk), _load_f16(builder, blk, 0)
         m_w = _load_f16(builder, blk, 2) if self.has_min else None
         fma = cgutils.get_or_insert_function(
@@ -293,6 +308,7 @@ def _rowdot_intrinsic(name: str, decode, block_bytes: int, has_min: bool, n_tok:
 
 
 TOKENS_PER_CALL = 4  # prefill: tokens per weight-block decode
+PREFETCH_BYTES = 1024  # how far ahead of the current block to prefetch weights (any row)
 
 # name, decoder, block bytes, has a minimum (the `_1` formats, Q8_1 activations)
 _FORMATS = {
@@ -302,11 +318,18 @@ _FORMATS = {
     "q5_0": (_decode_q5_0, 22, False),
     "q5_1": (_decode_q5_1, 24, True),
 }
-_rowdot_q8_0, _rowdot4_q8_0 = (_rowdot_intrinsic("q8_0", *_FORMATS["q8_0"], n) for n in (1, 4))
-_rowdot_q4_0, _rowdot4_q4_0 = (_rowdot_intrinsic("q4_0", *_FORMATS["q4_0"], n) for n in (1, 4))
-_rowdot_q4_1, _rowdot4_q4_1 = (_rowdot_intrinsic("q4_1", *_FORMATS["q4_1"], n) for n in (1, 4))
-_rowdot_q5_0, _rowdot4_q5_0 = (_rowdot_intrinsic("q5_0", *_FORMATS["q5_0"], n) for n in (1, 4))
-_rowdot_q5_1, _rowdot4_q5_1 = (_rowdot_intrinsic("q5_1", *_FORMATS["q5_1"], n) for n in (1, 4))
+
+
+def _rowdots(name: str):
+    """The (1-token, TOKENS_PER_CALL-token) row-dot intrinsics of one format."""
+    return tuple(_rowdot_intrinsic(name, *_FORMATS[name], n) for n in (1, TOKENS_PER_CALL))
+
+
+_rowdot_q8_0, _rowdot4_q8_0 = _rowdots("q8_0")
+_rowdot_q4_0, _rowdot4_q4_0 = _rowdots("q4_0")
+_rowdot_q4_1, _rowdot4_q4_1 = _rowdots("q4_1")
+_rowdot_q5_0, _rowdot4_q5_0 = _rowdots("q5_0")
+_rowdot_q5_1, _rowdot4_q5_1 = _rowdots("q5_1")
 
 
 # ---- kernels: one per type, identical loops around the type's row dot product
