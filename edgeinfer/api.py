@@ -95,15 +95,19 @@ class Model:
                            eos_token=eos, strip_bos=tok.add_bos, **extra)
 
     # -- compute --------------------------------------------------------------------------
-    def logits(self, ids: Sequence[int], slot: int = 0) -> np.ndarray:
-        """Logits (len(ids), n_vocab) of every position, on a fresh context in `slot`."""
+    def logits(self, ids: Sequence[int], slot: int = 0,
+               rows: Sequence[int] | None = None) -> np.ndarray:
+        """Logits (len(ids), n_vocab) of every position, on a fresh context in `slot`; with
+        `rows`, only those positions' logits (len(rows), n_vocab), skipping the others'
+        output projection (the largest matrix of small models)."""
         n = len(ids)
         if n > self.transformer.n_ctx:
             raise EdgeInferError(f"{n} tokens exceed the context size {self.transformer.n_ctx}")
-        out = np.zeros((n, self.config.n_vocab), dtype=np.float32)
-        rows = np.arange(n, dtype=np.int32)
-        self.transformer.forward(np.asarray(ids, dtype=np.int32), rows,
-                                 np.full(n, slot, np.int32), rows, out)
+        positions = np.arange(n, dtype=np.int32)
+        wanted = positions if rows is None else np.asarray(rows, dtype=np.int32)
+        out = np.zeros((len(wanted), self.config.n_vocab), dtype=np.float32)
+        self.transformer.forward(np.asarray(ids, dtype=np.int32), positions,
+                                 np.full(n, slot, np.int32), wanted, out)
         return out
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,

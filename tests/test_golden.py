@@ -45,9 +45,9 @@ def test_teacher_forced_greedy(case):
     agree, strong_misses, diffs = [], [], []
     for item in golden["greedy"]:
         prompt, ids = item["prompt_ids"], item["ids"]
-        logits = model.logits(prompt + ids)
-        for j, step in enumerate(item["steps"]):
-            row = logits[len(prompt) - 1 + j]
+        first = len(prompt) - 1
+        logits = model.logits(prompt + ids, rows=range(first, first + len(item["steps"])))
+        for row, step in zip(logits, item["steps"]):
             top, margin = step[0][0], step[0][1] - step[1][1]
             agree.append(int(row.argmax()) == top)
             if not agree[-1] and margin > 0.3:
@@ -84,10 +84,9 @@ def test_perplexity(case):
         chunk = tokens[c * n_ctx : (c + 1) * n_ctx]
         if model.tokenizer.add_bos:
             chunk = [model.tokenizer.bos_id] + chunk[1:]
-        logits = model.logits(chunk).astype(np.float64)
         first = n_ctx // 2
-        for pos in range(first, n_ctx - 1):
-            row = logits[pos]
+        logits = model.logits(chunk, rows=range(first, n_ctx - 1)).astype(np.float64)
+        for pos, row in zip(range(first, n_ctx - 1), logits):
             log_z = row.max() + np.log(np.exp(row - row.max()).sum())
             nll.append(log_z - row[chunk[pos + 1]])
     ours = float(np.exp(np.mean(nll)))
