@@ -15,10 +15,14 @@ from edgeinfer.api import Model
 
 
 def edgeinfer(*args, stdin: str | None = None, timeout: float = 300):
+    """Run the CLI; stdout/stderr decoded without newline translation (the model's text may
+    hold a bare \r)."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *map(str, args)],
-                           input=stdin, capture_output=True, text=True, timeout=timeout,
-                           env=env)
+    out = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *map(str, args)],
+                         input=None if stdin is None else stdin.encode(), capture_output=True,
+                         timeout=timeout, env=env)
+    out.stdout, out.stderr = out.stdout.decode(), out.stderr.decode()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +86,7 @@ def test_info(tiny):
 def bad_files(tmp_path, tiny):
     data = tiny.read_bytes()
     cases = {
-        "missing": (tmp_path / "nope.gguf", "no such file"),
+        "missing": (tmp_path / "nope.gguf", "no such model file"),
         "magic": (tmp_path / "magic.gguf", "bad magic"),
         "truncated": (tmp_path / "trunc.gguf", "truncated"),
         "version": (tmp_path / "version.gguf", "unsupported GGUF version 1"),
@@ -119,6 +123,6 @@ def test_wrong_flag_is_a_usage_error(tiny):
     assert out.returncode == 2 and "Traceback" not in out.stderr
 
 
-def test_no_prompt_on_a_terminal_is_an_error(tiny):
+def test_empty_prompt_is_an_error(tiny):
     out = edgeinfer("run", tiny, "-n", 2, stdin="")
     assert out.returncode == 1 and "empty prompt" in out.stderr

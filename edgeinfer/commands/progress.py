@@ -15,21 +15,28 @@ stderr = Console(stderr=True, highlight=False)
 
 @contextmanager
 def byte_progress(quiet: bool = False) -> Iterator[Callable[[str, int, int], None]]:
-    """A callback (stage, done, total) drawing one bar per stage (download, verify)."""
+    """A callback (stage, done, total) drawing one bar per stage (download, verify); the bars
+    appear only once something is reported, so a model already in place prints nothing."""
     if quiet:
         yield lambda stage, done, total: None
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=stderr,
-                  transient=True) as bar:
-        tasks: dict[str, int] = {}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn(), console=stderr,
+                   transient=True)
+    tasks: dict[str, int] = {}
 
-        def report(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total or None)
-            bar.update(tasks[stage], completed=done, total=total or None)
+    def report(stage: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total or None)
+        bar.update(tasks[stage], completed=done, total=total or None)
 
+    try:
         yield report
+    finally:
+        if tasks:
+            bar.stop()
 
 
 @contextmanager

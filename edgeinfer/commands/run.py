@@ -36,6 +36,8 @@ def run_command(opts: RunOptions) -> None:
 
     if opts.prompt is None:
         raise EdgeInferError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
+    if not opts.prompt.strip():
+        raise EdgeInferError("empty prompt: nothing to generate from")
     sampler = make_sampler(SamplingParams(
         temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
         repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed))
