@@ -7,6 +7,11 @@ as the exact float x (loose, bounds the error llama.cpp's activation formats add
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -143,6 +148,29 @@ def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
     x[:, 5] = 300.0
     x[1, 32:64] = 0.0  # an all-zero block: d = 0
     check_against_reference(qtype, w, raw, x, loose=False)
+
+
+# The block dot product has three code paths, chosen by the CPU numba targets (legacy.DOT_PATH);
+# this machine runs one in-process, numba's own target variables select the others.
+OTHER_TARGETS = {
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"},
+    "generic": {"NUMBA_CPU_NAME": "generic"},  # portable IR, software f16 conversion
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(OTHER_TARGETS))
+def test_other_cpu_targets(target: str, tmp_path: Path) -> None:
+    env = {**os.environ, **OTHER_TARGETS[target], "NUMBA_CACHE_DIR": str(tmp_path)}
+    check = "from edgeinfer.kernels import legacy; print(legacy.DOT_PATH)"
+    path = subprocess.run(
+        [sys.executable, "-c", check], check=False, env=env, capture_output=True, text=True
+    )
+    assert path.stdout.strip() == target, path.stderr
+    subset = "(vs_dequantized and 16x576) or arbitrary or outliers or q8 or f16 or bf16"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", subset]
+    run = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 # ---- activation quantizers

@@ -39,9 +39,12 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 
 
 def host_cpu_features() -> set[str]:
-    """CPU features numba compiles for; empty when NUMBA_CPU_NAME asks for a portable build."""
-    if numba.config.CPU_NAME:
-        return set()
+    """The CPU features numba compiles for: the host's, unless numba's own NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES pick another target; a named CPU without a feature list counts as
+    featureless, so kernels take their portable path."""
+    if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME:
+        flags = (numba.config.CPU_FEATURES or "").split(",")
+        return {flag[1:] for flag in flags if flag.startswith("+")}
     return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
 
 
