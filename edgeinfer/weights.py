@@ -73,9 +73,19 @@ class Weights:
     rope_freqs: np.ndarray | None = None  # (n_rot/2,) llama3 rope scaling factors
 
 
+COMMON_BLOCK = ("attn_norm", "attn_q+attn_k+attn_v or attn_qkv", "attn_output", "ffn_norm",
+                "ffn_gate+ffn_up or fused ffn_up", "ffn_down")
+
+
 class _Loader:
-    def __init__(self, gguf: GGUFFile, config: ModelConfig):
-        self.gguf, self.config = gguf, config
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, arch: Arch):
+        self.gguf, self.config, self.arch = gguf, config, arch
+
+    def missing(self, name: str) -> EdgeInferError:
+        needs = list(dict.fromkeys(COMMON_BLOCK + self.arch.block_tensors))
+        return EdgeInferError(
+            f"unsupported tensor layout: missing tensor '{name}' (a {self.arch.name} model "
+            f"has token_embd, output_norm and per block: {', '.join(needs)})")
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -83,7 +93,7 @@ class _Loader:
     def vector(self, name: str, required: bool = True) -> np.ndarray | None:
         if not self.has(name):
             if required:
-                raise EdgeInferError(f"unsupported tensor layout: missing tensor '{name}'")
+                raise self.missing(name)
             return None
         info = self.gguf.tensors[name]
         if info.qtype not in (0, 1):
@@ -92,9 +102,9 @@ class _Loader:
 
     def linear(self, name: str, n_out: int | None = None) -> Linear:
         if not self.has(name):
-            raise EdgeInferError(f"unsupported tensor layout: missing tensor '{name}'")
+            raise self.missing(name)
         info = self.gguf.tensors[name]
-        if len(info.shape) != 2 or info.shape[1] % 1:
+        if len(info.shape) != 2:
             raise EdgeInferError(f"unsupported tensor layout: '{name}' has shape {info.shape}")
         lin = Linear.from_tensor(name, info.qtype, self.gguf.tensor(name), info.shape)
         if n_out is not None and lin.n_out != n_out:
@@ -105,10 +115,10 @@ class _Loader:
 
 
 def load_weights(gguf: GGUFFile, config: ModelConfig, arch: Arch) -> Weights:
-    ld = _Loader(gguf, config)
+    ld = _Loader(gguf, config, arch)
     embd_info = gguf.tensors.get("token_embd.weight")
     if embd_info is None:
-        raise EdgeInferError("unsupported tensor layout: missing tensor 'token_embd.weight'")
+        raise ld.missing("token_embd.weight")
     output_name = "output.weight" if ld.has("output.weight") else "token_embd.weight"
     output = ld.linear(output_name, config.n_vocab)
     return Weights(
@@ -126,7 +136,7 @@ def _load_block(ld: _Loader, arch: Arch, il: int) -> BlockWeights:
     p = f"blk.{il}."
     for name in arch.block_tensors:
         if not ld.has(f"{p}{name}.weight"):
-            raise EdgeInferError(f"unsupported tensor layout: missing tensor '{p}{name}.weight'")
+            raise ld.missing(f"{p}{name}.weight")
     q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     if ld.has(f"{p}attn_qkv.weight"):
         qkv = ld.linear(f"{p}attn_qkv.weight", q_rows + 2 * kv_rows)

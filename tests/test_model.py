@@ -100,3 +100,26 @@ def test_sliding_window_masks_old_keys(model_dir):
     no_window = reference.forward_without_window(str(path), TOKENS)
     assert rel_err(ours, ref).max() < 5e-3
     assert rel_err(no_window, ref).max() > 1e-2  # the window matters in this model
+
+
+def test_missing_tensor_names_it_and_the_layout(model_dir, tmp_path):
+    """A qwen3 file without its q/k norms is not silently run as something else."""
+    from edgeinfer.errors import EdgeInferError
+
+    path = write_tiny_model(tmp_path / "q3.gguf", "qwen3", Q.Q8_0)
+    data = path.read_bytes().replace(b"blk.0.attn_q_norm", b"blk.0.attn_x_norm")
+    (tmp_path / "broken.gguf").write_bytes(data)
+    with pytest.raises(EdgeInferError, match=r"missing tensor 'blk\.0\.attn_q_norm\.weight'.*"
+                                             r"qwen3 model has.*attn_q_norm"):
+        Model.load(tmp_path / "broken.gguf", n_ctx=32)
+
+
+def test_mistral_sliding_window_key_is_ignored_like_llama_cpp(model_dir, tmp_path):
+    """llama.cpp does not read llama.attention.sliding_window (architectures.md §2): a
+    Mistral-style file attends to the whole context, as the reference does."""
+    path = write_tiny_model(tmp_path / "mistral.gguf", "llama", Q.F32, window=4,
+                            llama_sliding_window=True)
+    model = Model.load(path, n_ctx=64)
+    ref = reference.forward(str(path), TOKENS)
+    assert model.config.sliding_window == 0
+    assert rel_err(model.logits(TOKENS), ref).max() < 5e-3

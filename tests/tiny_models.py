@@ -73,7 +73,8 @@ ARCH_EXTRAS = {"llama", "qwen2", "qwen3", "phi3", "gemma3"}
 def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: int = 0, *,
                      n_embd: int = 256, n_ff: int = 512, n_layer: int = 2, n_head: int = 4,
                      n_kv: int = 2, head_dim: int = 64, tied: bool = True,
-                     window: int = 4, n_ctx_train: int = 512) -> Path:
+                     window: int = 4, n_ctx_train: int = 512,
+                     llama_sliding_window: bool = False) -> Path:
     """Write a random model of `arch` whose matrices are `qtype` (norms stay F32)."""
     assert arch in ARCH_EXTRAS
     rng = np.random.default_rng(seed)
@@ -92,8 +93,9 @@ def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: i
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    if arch == "gemma3":
+    if arch == "gemma3" or llama_sliding_window:  # Mistral files may carry the key too
         w.add_sliding_window(window)
+    if arch == "gemma3":
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
     _add_tokenizer(w, tokens)
 
