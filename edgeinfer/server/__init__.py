@@ -1,0 +1,81 @@
+"""`edgeinfer serve`: a llama-server and OpenAI compatible HTTP API (needs the 'serve' extra).
+
+`serve()` binds the socket first, then loads the model in the engine thread, so `/health`
+answers 503 while the model loads and 200 once it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from edgeinfer.errors import EdgeInferError
+
+log = logging.getLogger("edgeinfer.server")
+
+
+def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = 0,
+          parallel: int = 1, api_key: str | None = None, threads: int | None = None,
+          metrics: bool = False, alias: str | None = None) -> None:
+    """Serve `model_path` until interrupted (blocking). `api_key` may list several keys,
+    comma-separated; `parallel` is the number of slots (sequences batched together);
+    `n_ctx` is the context of each slot (0: min(4096, the model's))."""
+    import uvicorn
+
+    from edgeinfer.server.app import Server, create_app
+    from edgeinfer.server.engine import Engine
+
+    _setup_logging()
+    failures: list[BaseException] = []
+    sock = _bind(host, port)
+    config = uvicorn.Config(None, log_level="warning", timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+
+    def on_fail(exc: BaseException) -> None:
+        failures.append(exc)
+        server.should_exit = True
+
+    engine = Engine(Path(model_path), n_ctx, parallel if parallel > 0 else 4, threads, on_fail)
+    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
+    config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics))
+    bound_host, bound_port = sock.getsockname()[:2]
+    log.info("listening on http://%s:%d (loading %s)", bound_host, bound_port, model_path)
+    engine.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.stop()
+        sock.close()
+    if failures:
+        exc = failures[0]
+        if isinstance(exc, EdgeInferError):
+            raise exc
+        raise EdgeInferError(f"loading {model_path} failed: {type(exc).__name__}: {exc}")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise EdgeInferError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+__all__ = ["serve"]

@@ -1,0 +1,40 @@
+"""`python -m edgeinfer.server MODEL [flags]`: the same flags as `edgeinfer serve`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from edgeinfer.errors import EdgeInferError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgeinfer.server",
+                                description="llama-server and OpenAI compatible HTTP API")
+    p.add_argument("model", type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("-c", "--ctx-size", type=int, default=0, dest="n_ctx")
+    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("-a", "--alias", default=None)
+    args = p.parse_args(argv)
+    from edgeinfer.server import serve
+
+    try:
+        serve(args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
+              parallel=args.parallel, api_key=args.api_key, threads=args.threads,
+              metrics=args.metrics, alias=args.alias)
+    except EdgeInferError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

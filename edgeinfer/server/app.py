@@ -1,0 +1,446 @@
+"""The HTTP layer: it only translates. JSON is parsed into typed requests at the edge
+(params.py), generation is handed to the engine thread, and events are formatted as
+llama-server replies (responses.py). Routes are one flat table (`ROUTES`); every handler runs
+inside `_endpoint`, the one place that answers 503 while loading, checks the API key and turns
+exceptions into the OpenAI-shaped error envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.server import responses as fmt
+from edgeinfer.server.engine import Engine, ErrorEvent, FinalEvent, Job
+from edgeinfer.server.errors import (
+    BAD_KEY,
+    LOADING,
+    NOT_FOUND,
+    ApiError,
+    bad_request,
+    context_exceeded,
+)
+from edgeinfer.server.metrics import Scraper
+from edgeinfer.server.params import (
+    GenParams,
+    PromptPiece,
+    parse_chat,
+    parse_completion,
+    parse_messages,
+    parse_prompts,
+)
+
+log = logging.getLogger("edgeinfer.server")
+PUBLIC = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/"})
+SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+
+
+@dataclass
+class Server:
+    """What the handlers share: the engine plus the server's settings."""
+
+    engine: Engine
+    model_path: Path
+    alias: str | None = None
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = False
+    start_time: float = field(default_factory=time.time)
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def model_id(self) -> str:
+        return self.alias or str(self.model_path)
+
+    @cached_property
+    def scraper(self) -> Scraper:
+        return Scraper(self.engine, self.start_time)
+
+    def piece(self, token: int) -> bytes:
+        return self.model.tokenizer.token_to_piece(token, special=True)
+
+
+# -- request plumbing ----------------------------------------------------------------------
+async def read_json(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"Invalid JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    return body
+
+
+def _check_key(server: Server, request: Request) -> None:
+    key = request.headers.get("authorization") or request.headers.get("x-api-key") or ""
+    key = key.removeprefix("Bearer ")
+    if key.strip() not in server.api_keys:
+        raise BAD_KEY
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The single exception -> envelope mapping."""
+    if isinstance(exc, ApiError):
+        error = exc
+    elif isinstance(exc, EdgeInferError):
+        error = bad_request(str(exc))
+    else:
+        log.exception("request failed")
+        error = ApiError(500, f"{type(exc).__name__}: {exc}")
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+Handler = Callable[[Server, Request], Awaitable[Response]]
+
+
+def _endpoint(server: Server, path: str, handler: Handler):
+    async def route(request: Request) -> Response:
+        try:
+            if not server.engine.ready.is_set():
+                raise LOADING
+            if server.api_keys and path not in PUBLIC:
+                _check_key(server, request)
+            return await handler(server, request)
+        except Exception as exc:  # noqa: BLE001 - the one place errors become replies
+            return error_response(exc)
+    return route
+
+
+# -- prompts -------------------------------------------------------------------------------
+def encode_prompt(server: Server, pieces: list[PromptPiece]) -> list[int]:
+    """Text pieces are tokenized (specials parsed; BOS only when the prompt starts with
+    text and the model adds BOS), ids are kept as given (llama-server)."""
+    tok, ids = server.model.tokenizer, []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, str):
+            ids += tok.encode(piece, add_special=i == 0, parse_special=True)
+        elif 0 <= piece < tok.n_vocab:
+            ids.append(piece)
+        else:
+            raise bad_request(f"token id {piece} is outside the vocabulary ({tok.n_vocab})")
+    return ids
+
+
+def check_prompt(server: Server, ids: list[int]) -> None:
+    if not ids:
+        raise bad_request("the prompt is empty")
+    if len(ids) >= server.engine.n_ctx:
+        raise context_exceeded(len(ids), server.engine.n_ctx)
+
+
+def render_chat(server: Server, messages: list[dict], add_generation_prompt: bool = True,
+                **kwargs: Any) -> str:
+    """The chat template; a final assistant message is continued, not closed (prefill)."""
+    model = server.model
+    if messages[-1]["role"] == "assistant" and add_generation_prompt:
+        head = model.apply_chat_template(messages[:-1], True, **kwargs) \
+            if len(messages) > 1 else ""
+        return head + messages[-1]["content"]
+    return model.apply_chat_template(messages, add_generation_prompt, **kwargs)
+
+
+# -- running jobs --------------------------------------------------------------------------
+class Run:
+    """Jobs of one request and the asyncio queue their events arrive on."""
+
+    def __init__(self, server: Server, prompts: list[list[int]], params: GenParams):
+        loop = asyncio.get_running_loop()
+        self.engine, self.queue = server.engine, asyncio.Queue()
+        self.jobs = [Job(ids, params, self._sink(loop, i)) for i, ids in enumerate(prompts)]
+        self.open = set(range(len(self.jobs)))
+        for job in self.jobs:
+            self.engine.submit(job)
+
+    def _sink(self, loop: asyncio.AbstractEventLoop, index: int):
+        put = self.queue.put_nowait
+        return lambda event: loop.call_soon_threadsafe(put, (index, event))
+
+    async def next(self, timeout: float | None = None) -> tuple[int, Any]:
+        index, event = await asyncio.wait_for(self.queue.get(), timeout)
+        if isinstance(event, (FinalEvent, ErrorEvent)):
+            self.open.discard(index)
+        return index, event
+
+    def cancel(self) -> None:
+        for index in self.open:
+            self.engine.cancel(self.jobs[index])
+        self.open.clear()
+
+
+async def _watch_disconnect(request: Request, run: Run) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    run.cancel()
+
+
+async def collect(request: Request, run: Run) -> list[fmt.Result]:
+    """Wait for every job to finish (non-stream); a disconnect cancels them."""
+    results = [fmt.Result(len(job.prompt)) for job in run.jobs]
+    watcher = asyncio.create_task(_watch_disconnect(request, run))
+    try:
+        while run.open:
+            index, event = await run.next()
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            results[index].add(event)
+    finally:
+        watcher.cancel()
+        run.cancel()
+    return results
+
+
+Chunker = Callable[[int, Any], list[dict]]
+
+
+def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> StreamingResponse:
+    """SSE: each event's chunks as `data:` lines, `:` pings while nothing comes, `[DONE]`
+    on the /v1 routes. Closing the connection cancels the remaining jobs."""
+    timeout = ping if ping > 0 else None
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            while run.open:
+                try:
+                    index, event = await run.next(timeout)
+                except asyncio.TimeoutError:
+                    yield ":\n\n"
+                    continue
+                if isinstance(event, ErrorEvent):
+                    yield fmt.sse(event.error.body())
+                    return
+                yield "".join(fmt.sse(c) for c in chunks(index, event))
+            if done_marker:
+                yield fmt.sse("[DONE]")
+        finally:
+            run.cancel()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+# -- generation routes ---------------------------------------------------------------------
+async def completion(server: Server, request: Request) -> Response:
+    """POST /completion: llama-server's native API."""
+    req = parse_completion(await read_json(request), oai=False)
+    prompts = [encode_prompt(server, p) for p in req.prompts]
+    for ids in prompts:
+        check_prompt(server, ids)
+    tok = server.model.tokenizer
+    ctxs = [fmt.NativeContext(server.model_id, req.params, server.engine.n_ctx, server.piece,
+                              tok.decode(ids, special=True)) for ids in prompts]
+    run = Run(server, prompts, req.params)
+    if req.params.stream:
+        results = [fmt.Result(len(ids)) for ids in prompts]
+
+        def chunks(index: int, event: Any) -> list[dict]:
+            results[index].add(event)
+            if isinstance(event, FinalEvent):
+                return [fmt.native_reply(results[index], index, ctxs[index], stream=True)]
+            return [fmt.native_token_chunk(event, index, len(prompts[index]), ctxs[index])]
+        return stream(run, chunks, False, req.params.sse_ping_interval)
+    results = await collect(request, run)
+    replies = [fmt.native_reply(r, i, ctxs[i], stream=False) for i, r in enumerate(results)]
+    return JSONResponse(replies[0] if len(replies) == 1 else replies)
+
+
+async def oai_completion(server: Server, request: Request) -> Response:
+    """POST /v1/completions."""
+    req = parse_completion(await read_json(request), oai=True)
+    prompts = [encode_prompt(server, p) for p in req.prompts]
+    for ids in prompts:
+        check_prompt(server, ids)
+    meta = fmt.Meta(server.model_id)
+    run = Run(server, prompts, req.params)
+    if req.params.stream:
+        def chunks(index: int, event: Any) -> list[dict]:
+            return fmt.oai_completion_chunk(event, index, meta, server.piece)
+        return stream(run, chunks, True, req.params.sse_ping_interval)
+    results = await collect(request, run)
+    return JSONResponse(fmt.oai_completion_reply(results, meta, server.piece))
+
+
+async def chat(server: Server, request: Request) -> Response:
+    """POST /v1/chat/completions."""
+    req = parse_chat(await read_json(request))
+    kwargs = {k: v for k, v in req.template_kwargs.items()
+              if k not in ("messages", "add_generation_prompt")}
+    text = render_chat(server, req.messages, req.add_generation_prompt, **kwargs)
+    ids = server.model.tokenize(text, add_special=True, parse_special=True)
+    check_prompt(server, ids)
+    meta = fmt.Meta(server.model_id)
+    run = Run(server, [ids], req.params)
+    if req.params.stream:
+        started = []
+
+        def chunks(index: int, event: Any) -> list[dict]:
+            head = [] if started else [fmt.chat_role_chunk(meta)]
+            started.append(True)
+            return head + fmt.chat_chunks(event, meta, server.piece, req.params.include_usage)
+        return stream(run, chunks, True, req.params.sse_ping_interval)
+    results = await collect(request, run)
+    return JSONResponse(fmt.chat_reply(results[0], meta, server.piece, req.logprobs))
+
+
+# -- utility routes ------------------------------------------------------------------------
+async def tokenize(server: Server, request: Request) -> Response:
+    body = await read_json(request)
+    content = body.get("content")
+    if not isinstance(content, (str, list)):
+        raise bad_request("'content' must be a string or an array")
+    tok = server.model.tokenizer
+    add_special, parse_special = body.get("add_special", False), body.get("parse_special", True)
+    if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
+        raise bad_request("'add_special' and 'parse_special' must be booleans")
+    if isinstance(content, str):
+        ids = tok.encode(content, add_special=add_special, parse_special=parse_special)
+    else:
+        ids = encode_prompt(server, parse_prompts(content)[0]) if content else []
+    if not body.get("with_pieces"):
+        return JSONResponse({"tokens": ids})
+    return JSONResponse({"tokens": [{"id": i, "piece": _piece_json(server.piece(i))}
+                                    for i in ids]})
+
+
+def _piece_json(data: bytes) -> str | list[int]:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+async def detokenize(server: Server, request: Request) -> Response:
+    tokens = (await read_json(request)).get("tokens", [])
+    n_vocab = server.model.tokenizer.n_vocab
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+        raise bad_request("'tokens' must be an array of token ids in the vocabulary")
+    return JSONResponse({"content": server.model.tokenizer.decode(tokens, special=True)})
+
+
+async def apply_template(server: Server, request: Request) -> Response:
+    body = await read_json(request)
+    return JSONResponse({"prompt": render_chat(server, parse_messages(body.get("messages")))})
+
+
+async def health(server: Server, request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def models(server: Server, request: Request) -> Response:
+    c = server.model.config
+    meta = {"vocab_type": 1 if server.model.tokenizer.kind == "spm" else 2,
+            "n_vocab": c.n_vocab, "n_ctx_train": c.n_ctx_train, "n_embd": c.n_embd,
+            "n_params": _n_params(server.model_path), "size": _file_size(server.model_path),
+            "n_ctx": server.engine.n_ctx}
+    entry = {"id": server.model_id, "object": "model", "created": int(server.start_time),
+             "owned_by": "llamacpp", "meta": meta}
+    return JSONResponse({"object": "list", "data": [entry]})
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _n_params(path: Path, _cache: dict = {}) -> int:  # noqa: B006 - a per-process memo
+    if path not in _cache:
+        from edgeinfer.gguf_file import GGUFFile
+
+        _cache[path] = sum(math.prod(t.shape) for t in GGUFFile(path).tensors.values())
+    return _cache[path]
+
+
+async def props(server: Server, request: Request) -> Response:
+    tok, n_ctx = server.model.tokenizer, server.engine.n_ctx
+    settings = fmt.settings_json(GenParams(), n_ctx)
+
+    def token_text(token_id: int | None) -> str:
+        return tok.token_text(token_id) if token_id is not None else ""
+    return JSONResponse({
+        "default_generation_settings": {"n_ctx": n_ctx, "params": settings},
+        "total_slots": server.engine.n_slots, "model_alias": server.model_id,
+        "model_path": str(server.model_path), "modalities": {"vision": False, "audio": False},
+        "chat_template": server.model.chat_template or "", "bos_token": token_text(tok.bos_id),
+        "eos_token": token_text(tok.eos_id), "build_info": fmt.BUILD_INFO,
+        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": server.metrics,
+        "is_sleeping": False})
+
+
+async def props_post(server: Server, request: Request) -> Response:
+    raise ApiError(501, "This server does not support changing global properties. "
+                        "No POST /props support.")
+
+
+async def slots(server: Server, request: Request) -> Response:
+    engine = server.engine
+    if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and all(
+            slot.job is not None for slot in engine.slots):
+        raise ApiError(503, "no slot available")
+    return JSONResponse([_slot_json(slot, engine.n_ctx) for slot in engine.slots])
+
+
+def _slot_json(slot: Any, n_ctx: int) -> dict:
+    job = slot.job  # read once: the engine thread may release it meanwhile
+    params = job.params if job is not None else GenParams()
+    n_predict = params.n_predict
+    return {
+        "id": slot.id, "id_task": slot.task_id, "n_ctx": n_ctx, "speculative": False,
+        "is_processing": job is not None, "params": fmt.settings_json(params, n_ctx),
+        "next_token": {"has_next_token": job is not None, "has_new_line": slot.has_new_line,
+                       "n_remain": n_predict - slot.n_decoded if n_predict >= 0 else -1,
+                       "n_decoded": slot.n_decoded}}
+
+
+async def metrics(server: Server, request: Request) -> Response:
+    if not server.metrics:
+        raise ApiError(501, "This server does not support metrics endpoint. "
+                            "Start it with `--metrics`")
+    return PlainTextResponse(server.scraper.render(), headers=server.scraper.headers(),
+                             media_type="text/plain; version=0.0.4")
+
+
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/health", health), ("GET", "/v1/health", health),
+    ("GET", "/models", models), ("GET", "/v1/models", models),
+    ("GET", "/props", props), ("POST", "/props", props_post),
+    ("GET", "/slots", slots), ("GET", "/metrics", metrics),
+    ("POST", "/completion", completion), ("POST", "/completions", completion),
+    ("POST", "/v1/completions", oai_completion),
+    ("POST", "/chat/completions", chat), ("POST", "/v1/chat/completions", chat),
+    ("POST", "/tokenize", tokenize), ("POST", "/detokenize", detokenize),
+    ("POST", "/apply-template", apply_template),
+]
+
+
+def create_app(server: Server) -> FastAPI:
+    app = FastAPI(title="edgeinfer", docs_url=None, redoc_url=None, openapi_url=None)
+    for method, path, handler in ROUTES:
+        app.add_api_route(path, _endpoint(server, path, handler), methods=[method],
+                          include_in_schema=False)
+
+    async def not_found(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (404, 405):
+            return error_response(NOT_FOUND)
+        return error_response(ApiError(exc.status_code, str(exc.detail)))
+    app.add_exception_handler(StarletteHTTPException, not_found)
+    app.add_middleware(CORSMiddleware, allow_origin_regex=".*", allow_credentials=True,
+                       allow_methods=["GET", "POST"], allow_headers=["*"])
+    return app

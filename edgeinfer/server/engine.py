@@ -1,0 +1,429 @@
+"""The engine thread: it alone owns the model and the KV cache, and runs continuous batching.
+
+HTTP handlers `submit` a `Job` (prompt ids + validated `GenParams` + a thread-safe `sink`)
+and read events from the sink; they never touch the model. Each engine step:
+
+1. takes new jobs and cancellations from the inbox;
+2. admits waiting jobs into free slots: the prefix tree says how many leading prompt tokens
+   each slot already holds; the job goes to the free slot sharing the most (or the least
+   recently used one), the longest cached prefix of any slot is copied in if it is longer,
+   and only the rest of the prompt is prefilled (llama-server's cache_prompt, plus
+   cross-slot reuse as in SGLang's radix cache);
+3. builds ONE batch: the last sampled token of every decoding slot, then prompt chunks of the
+   prefilling slots up to a token budget, so decoders are never starved by a long prompt;
+4. runs one `Transformer.forward` (weights read once for all sequences), samples one token per
+   sequence that produced logits, and sends each job its `TokenEvent` / `FinalEvent`.
+
+Sequences join and leave the batch at token boundaries; a cancelled job frees its slot at the
+next step. Every row of the batch is computed independently (activations are quantized per
+row), so a greedy sequence gives the same tokens alone or batched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.generate import StopMatcher
+from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs
+from edgeinfer.server.errors import ApiError
+from edgeinfer.server.params import GenParams
+from edgeinfer.server.prefix import PrefixTree
+
+log = logging.getLogger("edgeinfer.server")
+SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
+RECENT_MAX = 1024  # tokens kept for repetition penalties
+CANCELLED = ApiError(499, "request cancelled by the client")
+
+
+# -- events sent to the HTTP side ------------------------------------------------------------
+@dataclass
+class TokenProbs:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (id, logprob), best first
+
+
+@dataclass
+class TokenEvent:
+    text: str  # new text (may be "" while a character or stop string is held back)
+    token: int
+    n_decoded: int
+    slot: int
+    probs: TokenProbs | None = None
+
+
+@dataclass
+class FinalEvent:
+    text: str  # the held-back tail
+    stop_type: str  # "eos" | "word" | "limit"
+    stopping_word: str
+    truncated: bool
+    slot: int
+    n_prompt: int  # prompt tokens, cached + evaluated
+    n_cached: int  # prompt tokens reused from the KV cache
+    n_decoded: int
+    tokens_cached: int  # tokens now held by the slot
+    timings: dict
+
+
+@dataclass
+class ErrorEvent:
+    error: ApiError
+
+
+Sink = Callable[[Any], None]
+
+
+class Job:
+    """One generation request as the engine sees it."""
+
+    _ids = itertools.count()
+
+    def __init__(self, prompt: list[int], params: GenParams, sink: Sink):
+        self.id = next(Job._ids)
+        self.prompt, self.params, self.sink = prompt, params, sink
+        self.cancelled = False  # set by the HTTP side; honoured at the next step
+
+
+@dataclass
+class Slot:
+    id: int
+    cache: list[int] = field(default_factory=list)  # tokens whose K/V are in the slot
+    job: Job | None = None
+    last_used: float = 0.0
+    task_id: int = -1
+    # per-job state, reset by Engine._start
+    n_cached: int = 0
+    next_token: int = -1  # sampled, to be fed at position len(cache); -1 while prefilling
+    n_decoded: int = 0
+    recent: list[int] = field(default_factory=list)
+    sampler: Any = None
+    decoder: Any = None
+    matcher: StopMatcher | None = None
+    has_new_line: bool = False
+    t_start: float = 0.0
+    t_prompt: float = 0.0
+    t_last: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.job is not None and self.next_token < 0
+
+
+@dataclass
+class Stats:
+    """Counters behind /metrics (llama-server's names in metrics.py)."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    predicted_tokens: int = 0
+    predicted_seconds: float = 0.0
+    n_decode: int = 0
+    busy_slots_sum: int = 0
+    n_tokens_max: int = 0
+    requests_done: int = 0
+
+
+class Engine(threading.Thread):
+    """Loads the model, then serves jobs until `stop()`."""
+
+    def __init__(self, model_path: Path, n_ctx: int = 0, n_slots: int = 1,
+                 threads: int | None = None,
+                 on_fail: Callable[[BaseException], None] | None = None):
+        super().__init__(name="edgeinfer-engine", daemon=True)
+        self.model_path, self.n_ctx_arg, self.threads = model_path, n_ctx, threads
+        self.n_slots = max(1, n_slots)
+        self.on_fail = on_fail
+        self.model = None
+        self.ready = threading.Event()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting: deque[Job] = deque()
+        self.slots = [Slot(i) for i in range(self.n_slots)]
+        self.tree = PrefixTree()
+        self.stats = Stats()
+        self._running = True
+
+    # -- public, called from HTTP threads ------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        self.inbox.put(job)
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        self.inbox.put(None)  # wake the loop if it is idle
+
+    def stop(self) -> None:
+        self._running = False
+        self.inbox.put(None)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.transformer.n_ctx
+
+    @property
+    def n_deferred(self) -> int:
+        return len(self.waiting)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # noqa: BLE001 - reported by serve(); the thread ends
+            if self.on_fail:
+                self.on_fail(exc)
+            return
+        self.ready.set()
+        while self._running:
+            self._take_inbox(block=not self._busy())
+            try:
+                self._step()
+            except Exception as exc:  # a bug: fail the running jobs, keep serving
+                log.exception("engine step failed")
+                self._fail_all(ApiError(500, f"internal error: {exc}"))
+
+    def _load(self) -> None:
+        from edgeinfer.api import Model
+
+        t0 = time.perf_counter()
+        self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
+                                n_slots=self.n_slots, progress=log.info)
+        tf = self.model.transformer
+        self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
+        size = tf.n_batch + self.n_slots
+        self.batch_tokens, self.batch_pos, self.batch_slots = (
+            np.zeros(size, np.int32) for _ in range(3))
+        self.batch_rows = np.zeros(self.n_slots, np.int32)
+        self.eog = np.array(sorted(self.model.tokenizer.eog_ids), np.int64)
+        log.info("model loaded in %.2f s: %d slots x %d tokens of context",
+                 time.perf_counter() - t0, self.n_slots, tf.n_ctx)
+
+    def _busy(self) -> bool:
+        return bool(self.waiting) or any(s.job is not None for s in self.slots)
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(block=block)
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        rows = self._build_batch()
+        if rows is None:
+            return
+        n, owners = rows
+        tf = self.model.transformer
+        m = len(owners)
+        tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
+                   self.batch_rows[:m], self.logits[:m])
+        self.stats.n_decode += 1
+        self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
+        now = time.perf_counter()
+        for i, slot in enumerate(owners):
+            self._on_logits(slot, self.logits[i], now)
+
+    # -- admission -----------------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        """Forget cancelled jobs; each still gets a last event, so no reader waits forever."""
+        if any(job.cancelled for job in self.waiting):
+            for job in self.waiting:
+                if job.cancelled:
+                    job.sink(ErrorEvent(CANCELLED))
+            self.waiting = deque(job for job in self.waiting if not job.cancelled)
+        for slot in self.slots:
+            if slot.job is not None and slot.job.cancelled:
+                log.info("slot %d: task %d cancelled after %d tokens", slot.id, slot.job.id,
+                         slot.n_decoded)
+                slot.job.sink(ErrorEvent(CANCELLED))
+                self._release(slot)
+
+    def _admit(self) -> None:
+        kept: deque[Job] = deque()
+        while self.waiting:
+            job = self.waiting.popleft()
+            slot = self._choose_slot(job)
+            if slot is None:
+                kept.append(job)
+            else:
+                self._start(slot, job)
+        self.waiting = kept
+
+    def _choose_slot(self, job: Job) -> Slot | None:
+        free = [s for s in self.slots if s.job is None]
+        if job.params.id_slot >= 0:
+            pinned = self.slots[job.params.id_slot % self.n_slots]
+            return pinned if pinned.job is None else None
+        if not free:
+            return None
+        shared = self.tree.match(job.prompt)
+        best = max(free, key=lambda s: (shared.get(s.id, 0), -s.last_used))
+        if shared.get(best.id, 0) < SIMILARITY * len(job.prompt):
+            best = min(free, key=lambda s: s.last_used)
+        return best
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        prompt, params = job.prompt, job.params
+        n_past = 0
+        if params.cache_prompt:
+            shared = self.tree.match(prompt)
+            n_past = shared.get(slot.id, 0)
+            src = max(shared, key=shared.get, default=slot.id)
+            if shared.get(src, 0) > n_past:  # another slot holds more of this prompt
+                n_past = shared[src]
+                self.model.transformer.kv_cache.copy_prefix(src, slot.id, n_past)
+        n_past = min(n_past, len(prompt) - 1)  # re-evaluate one token to get logits
+        slot.cache = list(prompt[:n_past])
+        self.tree.set(slot.id, slot.cache)
+        slot.job, slot.task_id, slot.n_cached = job, job.id, n_past
+        slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
+        slot.recent = list(prompt[-RECENT_MAX:])
+        slot.sampler = make_sampler(params.sampling)
+        slot.decoder = self.model.tokenizer.stream_decoder()
+        slot.matcher = StopMatcher(params.stop)
+        slot.t_start = slot.t_last = time.perf_counter()
+        log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
+                 len(prompt), n_past)
+
+    # -- batching ------------------------------------------------------------------------------
+    def _build_batch(self) -> tuple[int, list[Slot]] | None:
+        """Fill the batch arrays; return (n_tokens, slots owning each logits row)."""
+        n, owners = 0, []
+        for slot in self.slots:  # decoders first: one token each
+            if slot.job is not None and slot.next_token >= 0:
+                n = self._put(n, slot.next_token, len(slot.cache), slot.id)
+                slot.cache.append(slot.next_token)
+                self.batch_rows[len(owners)] = n - 1
+                owners.append(slot)
+        budget = self._prefill_budget(n)
+        for slot in self.slots:
+            if not slot.prefilling or budget <= 0:
+                continue
+            prompt = slot.job.prompt
+            start = len(slot.cache)
+            chunk = prompt[start:start + budget]
+            for i, token in enumerate(chunk):
+                n = self._put(n, token, start + i, slot.id)
+            slot.cache.extend(chunk)
+            budget -= len(chunk)
+            if len(slot.cache) == len(prompt):
+                self.batch_rows[len(owners)] = n - 1
+                owners.append(slot)
+        return (n, owners) if n else None
+
+    def _prefill_budget(self, n_decoding: int) -> int:
+        """Prompt tokens this step may add: a full batch when nobody is decoding, else a
+        quarter of it, so running streams keep a steady pace during a long prefill."""
+        n_batch = self.model.transformer.n_batch
+        return n_batch if n_decoding == 0 else max(32, n_batch // 4)
+
+    def _put(self, n: int, token: int, pos: int, slot: int) -> int:
+        self.batch_tokens[n], self.batch_pos[n], self.batch_slots[n] = token, pos, slot
+        return n + 1
+
+    # -- after the forward ---------------------------------------------------------------------
+    def _on_logits(self, slot: Slot, row: np.ndarray, now: float) -> None:
+        job = slot.job
+        if slot.next_token < 0:  # the prompt has just been processed
+            slot.t_prompt = now
+            self.tree.set(slot.id, slot.cache)
+            self.stats.prompt_tokens += len(job.prompt) - slot.n_cached
+            self.stats.prompt_seconds += now - slot.t_start
+            if job.params.n_predict == 0:
+                return self._finish(slot, "limit")
+        if job.params.ignore_eos:
+            row[self.eog] = -np.inf
+        token = slot.sampler.sample(row, slot.recent)
+        probs = slot_probs(row, token, job.params.n_probs) if job.params.logprobs else None
+        self._accept(slot, token, probs, now)
+
+    def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:
+        job, params = slot.job, slot.job.params
+        slot.n_decoded += 1
+        self.stats.predicted_tokens += 1
+        self.stats.predicted_seconds += now - slot.t_last
+        slot.t_last = now
+        slot.recent.append(token)
+        if len(slot.recent) > 2 * RECENT_MAX:
+            del slot.recent[:-RECENT_MAX]
+        if self.model.tokenizer.is_eog(token) and not params.ignore_eos:
+            return self._finish(slot, "eos")
+        pending = slot.matcher.pending
+        piece = slot.decoder.feed(token)
+        text, hit = slot.matcher.feed(piece)
+        slot.has_new_line = slot.has_new_line or "\n" in text
+        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs))
+        if hit:
+            word = _first_stop(pending + piece, params.stop)
+            return self._finish(slot, "word", word)
+        if slot.n_decoded == params.n_predict:
+            return self._finish(slot, "limit")
+        if len(slot.cache) >= self.n_ctx:  # no cell left for this token
+            return self._finish(slot, "limit", truncated=True)
+        slot.next_token = token
+
+    def _finish(self, slot: Slot, stop_type: str, word: str = "",
+                truncated: bool = False) -> None:
+        tail = ""
+        if stop_type != "word":  # release held-back text: a partial character or stop string
+            tail, hit = slot.matcher.feed(slot.decoder.flush())
+            tail += "" if hit else slot.matcher.flush()
+        job = slot.job
+        job.sink(FinalEvent(
+            tail, stop_type, word, truncated, slot.id, len(job.prompt), slot.n_cached,
+            slot.n_decoded, len(slot.cache), self._timings(slot)))
+        self.stats.requests_done += 1
+        self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(slot.cache))
+        self._release(slot)
+
+    def _timings(self, slot: Slot) -> dict:
+        prompt_n = len(slot.job.prompt) - slot.n_cached
+        prompt_ms = 1e3 * (slot.t_prompt - slot.t_start) if slot.t_prompt else 0.0
+        predicted_ms = 1e3 * (slot.t_last - slot.t_prompt) if slot.n_decoded else 0.0
+        return {
+            "cache_n": slot.n_cached,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": slot.n_decoded,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / slot.n_decoded if slot.n_decoded else 0.0,
+            "predicted_per_second": 1e3 * slot.n_decoded / predicted_ms if predicted_ms else 0.0,
+        }
+
+    def _release(self, slot: Slot) -> None:
+        slot.job, slot.next_token = None, -1
+        slot.last_used = time.perf_counter()
+        self.tree.set(slot.id, slot.cache)
+
+    def _fail_all(self, error: ApiError) -> None:
+        for slot in self.slots:
+            if slot.job is not None:
+                slot.job.sink(ErrorEvent(error))
+                slot.cache = []
+                self._release(slot)
+
+
+def slot_probs(row: np.ndarray, token: int, n_probs: int) -> TokenProbs:
+    """The sampled token's log-probability and the top n_probs, before any sampler."""
+    return TokenProbs(token, float(row[token]) - log_sum_exp(row), top_logprobs(row, n_probs))
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> str:
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    return min(hits)[1] if hits else ""

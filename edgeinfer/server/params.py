@@ -1,0 +1,243 @@
+"""Request JSON -> typed, validated objects, at the edge (llama-server's params_from_json_cmpl
+and oaicompat_*_params_parse). Field names and defaults: shared/docs/llama-server-api.md §2.2,
+§4. Anything wrong raises `ApiError(400)` with a one-line message; nothing downstream
+re-checks the types.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import SamplingParams
+from edgeinfer.server.errors import bad_request
+
+DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
+PromptPiece = str | int
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Everything one generation needs besides its prompt tokens."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until EOS or the context is full
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    n_probs: int = 0  # top-N alternatives reported per generated token
+    logprobs: bool = False  # report the sampled token's log-probability (and the top-N)
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    id_slot: int = -1
+    include_usage: bool = False  # stream_options.include_usage (OpenAI routes)
+    return_tokens: bool = False
+    timings_per_token: bool = False
+    sse_ping_interval: float = 30.0
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """/completion and /v1/completions: one or more prompts, each a list of text/ids."""
+
+    prompts: list[list[PromptPiece]]
+    params: GenParams
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict]
+    params: GenParams
+    logprobs: bool = False
+    add_generation_prompt: bool = True
+    template_kwargs: dict = field(default_factory=dict)
+
+
+# -- typed field readers --------------------------------------------------------------------
+def _number(body: dict, key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise bad_request(f"'{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(body: dict, key: str, default: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{key}' must be an integer, got {value!r}")
+    return value
+
+
+def _boolean(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be a boolean, got {value!r}")
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise bad_request("'stop' must be a string or an array of strings")
+
+
+def _sampling(body: dict) -> SamplingParams:
+    seed = _integer(body, "seed", -1)
+    if seed == -1 or seed == DEFAULT_SEED:
+        seed = None
+    elif seed < 0:
+        raise bad_request(f"'seed' must be >= 0 or -1, got {seed}")
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", 0.8),
+            top_k=_integer(body, "top_k", 40),
+            top_p=_number(body, "top_p", 0.95),
+            min_p=_number(body, "min_p", 0.05),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0),
+            repeat_last_n=_integer(body, "repeat_last_n", 64),
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            seed=seed)
+    except EdgeInferError as exc:
+        raise bad_request(str(exc)) from None
+
+
+UNSUPPORTED = ("grammar", "json_schema", "mirostat", "dry_multiplier", "xtc_probability",
+               "lora", "logit_bias")
+
+
+def _reject_unsupported(body: dict) -> None:
+    """Refuse constraints we would otherwise silently ignore (llama.cpp issue #24097)."""
+    for key in UNSUPPORTED:
+        value = body.get(key)
+        if value not in (None, "", [], {}, 0, 0.0):
+            raise bad_request(f"'{key}' is not supported by this server")
+    if _integer(body, "n", 1) != 1 or _integer(body, "n_cmpl", 1) != 1:
+        raise bad_request("Only one completion choice is allowed")
+
+
+def gen_params(body: dict, n_probs: int = 0) -> GenParams:
+    """The generation settings shared by every completion route."""
+    _reject_unsupported(body)
+    n_predict = -1
+    for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
+        if body.get(key) is not None:
+            n_predict = _integer(body, key, -1)
+    if n_predict < -1:
+        raise bad_request(f"'n_predict' must be >= -1, got {n_predict}")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise bad_request("'stream_options' must be an object")
+    n_probs = _integer(body, "n_probs", n_probs)
+    if not 0 <= n_probs <= 100:
+        raise bad_request(f"'n_probs' must be between 0 and 100, got {n_probs}")
+    return GenParams(
+        sampling=_sampling(body), n_predict=n_predict, stop=_stop(body),
+        stream=_boolean(body, "stream", False), n_probs=n_probs, logprobs=n_probs > 0,
+        cache_prompt=_boolean(body, "cache_prompt", True),
+        ignore_eos=_boolean(body, "ignore_eos", False), id_slot=_integer(body, "id_slot", -1),
+        include_usage=_boolean(stream_options, "include_usage", False),
+        return_tokens=_boolean(body, "return_tokens", False),
+        timings_per_token=_boolean(body, "timings_per_token", False),
+        sse_ping_interval=_number(body, "sse_ping_interval", 30.0))
+
+
+# -- prompts --------------------------------------------------------------------------------
+def _prompt_pieces(value: Any) -> list[PromptPiece]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(
+            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
+            for p in value):
+        return list(value)
+    raise bad_request("'prompt' must be a string, an array of token ids or strings, "
+                      "or an array of those")
+
+
+def parse_prompts(value: Any) -> list[list[PromptPiece]]:
+    """llama-server's tokenize_input_prompts shapes: "text", [ids], [12, "text"], or an array
+    of those (one completion each)."""
+    if value is None:
+        raise bad_request("'prompt' is required")
+    if isinstance(value, list) and value and all(isinstance(p, (list, str)) for p in value) \
+            and any(isinstance(p, list) for p in value):
+        return [_prompt_pieces(p) for p in value]
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
+        return [[p] for p in value]
+    return [_prompt_pieces(value)]
+
+
+def parse_completion(body: dict, oai: bool) -> CompletionRequest:
+    """/completion (native) or /v1/completions (OpenAI: `logprobs: N` means n_probs)."""
+    n_probs = 0
+    if oai:
+        if body.get("echo"):
+            raise bad_request("Only no echo is supported")
+        for key in ("best_of", "suffix"):
+            if body.get(key) is not None:
+                raise bad_request(f"Unsupported param: {key}")
+        n_probs = _integer(body, "logprobs", 0)
+    return CompletionRequest(parse_prompts(body.get("prompt")), gen_params(body, n_probs))
+
+
+# -- chat -----------------------------------------------------------------------------------
+def _message_text(message: dict, index: int) -> str | None:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{index}]: unsupported content part {part!r:.60}")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad_request(f"messages[{index}].content must be a string or an array of parts")
+
+
+def parse_messages(value: Any) -> list[dict]:
+    """Validate chat messages; array-of-parts content is flattened to its text."""
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' is required and must be a non-empty array")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string 'role'")
+        text = _message_text(message, i)
+        if text is None and not (message["role"] == "assistant" and message.get("tool_calls")):
+            raise bad_request(f"messages[{i}] has no 'content'")
+        messages.append({**message, "content": text or ""})
+    return messages
+
+
+def parse_chat(body: dict) -> ChatRequest:
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad_request("response_format: only {\"type\": \"text\"} is supported")
+    if body.get("tools"):
+        raise bad_request("'tools' are not supported by this server")
+    logprobs = _boolean(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None and not logprobs:
+        raise bad_request("top_logprobs requires logprobs to be set to true")
+    n_probs = _integer(body, "top_logprobs", 0) if logprobs else 0
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object")
+    params = replace(gen_params(body, n_probs), logprobs=logprobs)
+    return ChatRequest(parse_messages(body.get("messages")), params, logprobs, _boolean(body, "add_generation_prompt", True), kwargs)

@@ -1,0 +1,232 @@
+"""Engine events -> the JSON llama-server sends, per route (server-task.cpp to_json_*).
+
+`Result` collects one job's events; the `*_reply` functions build non-stream bodies and the
+`*_chunks` functions the stream chunks of each event. Nothing here touches the model: token
+pieces come through the `piece` callable (token id -> bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edgeinfer.server.engine import FinalEvent, TokenEvent, TokenProbs
+from edgeinfer.server.params import DEFAULT_SEED, GenParams
+
+FLOAT_LOWEST = -3.4028234663852886e38  # llama-server sends this instead of -inf
+BUILD_INFO = "edgeinfer-0.1.0"
+Piece = Callable[[int], bytes]
+_ALNUM = string.ascii_letters + string.digits
+
+
+def sse(obj: dict | str) -> str:
+    """One SSE event, compact JSON, as llama-server frames it."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"),
+                                                       ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+
+
+@dataclass
+class Meta:
+    """What every OpenAI-shaped reply of one request repeats."""
+
+    model: str
+    id: str = field(default_factory=completion_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": BUILD_INFO}
+
+
+@dataclass
+class Result:
+    """Everything one job produced so far."""
+
+    n_prompt: int
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    probs: list[TokenProbs] = field(default_factory=list)
+    final: FinalEvent | None = None
+
+    def add(self, event: TokenEvent | FinalEvent) -> None:
+        if isinstance(event, TokenEvent):
+            self.text.append(event.text)
+            self.tokens.append(event.token)
+            if event.probs is not None:
+                self.probs.append(event.probs)
+        else:
+            self.text.append(event.text)
+            self.final = event
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+
+def finish_reason(final: FinalEvent) -> str:
+    return "stop" if final.stop_type in ("eos", "word") else "length"
+
+
+def usage(final: FinalEvent) -> dict:
+    return {"completion_tokens": final.n_decoded, "prompt_tokens": final.n_prompt,
+            "total_tokens": final.n_decoded + final.n_prompt,
+            "prompt_tokens_details": {"cached_tokens": final.n_cached}}
+
+
+def settings_json(params: GenParams, n_ctx: int) -> dict:
+    """llama-server's generation_settings / slot params."""
+    s = params.sampling
+    return {
+        "n_ctx": n_ctx, "n_predict": params.n_predict, "max_tokens": params.n_predict,
+        "seed": DEFAULT_SEED if s.seed is None else s.seed, "temperature": s.temperature,
+        "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+        "stop": list(params.stop), "n_keep": 0, "stream": params.stream,
+        "n_probs": params.n_probs, "ignore_eos": params.ignore_eos,
+        "cache_prompt": params.cache_prompt, "id_slot": params.id_slot,
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "speculative": False,
+    }
+
+
+# -- token probabilities -------------------------------------------------------------------
+def _logprob(value: float) -> float:
+    return max(FLOAT_LOWEST, value)
+
+
+def _token_json(token: int, logprob: float, piece: Piece) -> dict:
+    data = piece(token)
+    return {"id": token, "token": data.decode("utf-8", errors="replace"),
+            "bytes": list(data), "logprob": _logprob(logprob)}
+
+
+def probs_json(probs: list[TokenProbs], piece: Piece) -> list[dict]:
+    """completion_probabilities (native) and logprobs.content (OpenAI) share this shape."""
+    return [{**_token_json(p.token, p.logprob, piece),
+             "top_logprobs": [_token_json(t, lp, piece) for t, lp in p.top]} for p in probs]
+
+
+# -- native /completion --------------------------------------------------------------------
+@dataclass
+class NativeContext:
+    model: str
+    params: GenParams
+    n_ctx: int
+    piece: Piece
+    prompt_text: str = ""
+
+
+def native_token_chunk(event: TokenEvent, index: int, n_prompt: int,
+                       ctx: NativeContext) -> dict:
+    chunk = {"index": index, "content": event.text, "tokens": [event.token], "stop": False,
+             "id_slot": event.slot, "tokens_predicted": event.n_decoded,
+             "tokens_evaluated": n_prompt}
+    if event.probs is not None and ctx.params.n_probs:
+        chunk["completion_probabilities"] = probs_json([event.probs], ctx.piece)
+    return chunk
+
+
+def native_reply(result: Result, index: int, ctx: NativeContext, stream: bool) -> dict:
+    """The final object: the whole reply without streaming, the last event with it."""
+    final = result.final
+    reply = {
+        "index": index, "content": final.text if stream else result.content,
+        "tokens": result.tokens if ctx.params.return_tokens and not stream else [],
+        "id_slot": final.slot, "stop": True, "model": ctx.model,
+        "tokens_predicted": final.n_decoded, "tokens_evaluated": final.n_prompt,
+        "generation_settings": settings_json(ctx.params, ctx.n_ctx),
+        "prompt": ctx.prompt_text, "has_new_line": "\n" in result.content,
+        "truncated": final.truncated, "stop_type": final.stop_type,
+        "stopping_word": final.stopping_word, "tokens_cached": final.tokens_cached,
+        "timings": final.timings,
+    }
+    if ctx.params.n_probs and not stream:
+        reply["completion_probabilities"] = probs_json(result.probs, ctx.piece)
+    return reply
+
+
+# -- OpenAI /v1/completions ----------------------------------------------------------------
+def oai_completion_reply(results: list[Result], meta: Meta, piece: Piece) -> dict:
+    choices = []
+    for i, r in enumerate(results):
+        logprobs = {"content": probs_json(r.probs, piece)} if r.probs else None
+        choices.append({"text": r.content, "index": i, "logprobs": logprobs,
+                        "finish_reason": finish_reason(r.final)})
+    finals = [r.final for r in results]
+    body = {**meta.head("text_completion"), "choices": choices,
+            "usage": _sum_usage(finals), "timings": finals[0].timings}
+    return body
+
+
+def oai_completion_chunk(event: TokenEvent | FinalEvent, index: int, meta: Meta,
+                         piece: Piece) -> list[dict]:
+    if isinstance(event, FinalEvent):
+        choice = {"text": event.text, "index": index, "logprobs": None,
+                  "finish_reason": finish_reason(event)}
+        return [{**meta.head("text_completion"), "choices": [choice], "usage": usage(event),
+                 "timings": event.timings}]
+    if not event.text and event.probs is None:
+        return []
+    logprobs = {"content": probs_json([event.probs], piece)} if event.probs else None
+    choice = {"text": event.text, "index": index, "logprobs": logprobs, "finish_reason": None}
+    return [{**meta.head("text_completion"), "choices": [choice]}]
+
+
+def _sum_usage(finals: list[FinalEvent]) -> dict:
+    total = {"completion_tokens": 0, "prompt_tokens": 0, "total_tokens": 0,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    for final in finals:
+        u = usage(final)
+        for key in ("completion_tokens", "prompt_tokens", "total_tokens"):
+            total[key] += u[key]
+        total["prompt_tokens_details"]["cached_tokens"] += final.n_cached
+    return total
+
+
+# -- OpenAI /v1/chat/completions -----------------------------------------------------------
+def chat_reply(result: Result, meta: Meta, piece: Piece, logprobs: bool) -> dict:
+    choice = {"index": 0, "finish_reason": finish_reason(result.final),
+              "message": {"role": "assistant", "content": result.content}}
+    if logprobs:
+        choice["logprobs"] = {"content": probs_json(result.probs, piece)}
+    return {**meta.head("chat.completion"), "choices": [choice],
+            "usage": usage(result.final), "timings": result.final.timings}
+
+
+def chat_role_chunk(meta: Meta) -> dict:
+    delta = {"role": "assistant", "content": None}
+    return {**meta.head("chat.completion.chunk"),
+            "choices": [{"index": 0, "finish_reason": None, "delta": delta}]}
+
+
+def chat_chunks(event: TokenEvent | FinalEvent, meta: Meta, piece: Piece,
+                include_usage: bool) -> list[dict]:
+    head = meta.head("chat.completion.chunk")
+    if isinstance(event, TokenEvent):
+        if not event.text and event.probs is None:
+            return []
+        choice = {"index": 0, "finish_reason": None, "delta": {"content": event.text}}
+        if event.probs is not None:
+            choice["logprobs"] = {"content": probs_json([event.probs], piece)}
+        return [{**head, "choices": [choice]}]
+    chunks = []
+    if event.text:
+        delta = {"content": event.text}
+        chunks.append({**head, "choices": [{"index": 0, "finish_reason": None,
+                                            "delta": delta}]})
+    chunks.append({**head, "choices": [{"index": 0, "finish_reason": finish_reason(event),
+                                        "delta": {}}], "timings": event.timings})
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": usage(event),
+                       "timings": event.timings})
+    return chunks

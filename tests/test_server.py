@@ -1,0 +1,347 @@
+"""`edgeinfer serve` over a real socket: the openai client, llama-server's native routes, SSE
+framing, errors, continuous batching (greedy identity) and prefix reuse, on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from test_server_harness import ServerProcess
+from tiny_models import write_tiny_model
+
+GREEDY = {"temperature": 0, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = write_tiny_model(tmp_path_factory.mktemp("srv") / "tiny.gguf")
+    srv = ServerProcess(model, "-np", "4", "-c", "512", "--metrics", "-a", "tiny")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="sk-no-key-required")
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, json=body, timeout=60, **kw)
+
+
+def sse_events(lines):
+    """`data:` payloads of an SSE body (comments and blank lines skipped)."""
+    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+
+
+# -- basic routes --------------------------------------------------------------------------
+def test_health_models_props(server, client):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert httpx.get(server.url + "/models").json()["data"][0]["id"] == "tiny"
+    props = httpx.get(server.url + "/props").json()
+    assert props["total_slots"] == 4
+    assert props["default_generation_settings"]["n_ctx"] == 512
+    assert props["default_generation_settings"]["params"]["seed"] == 4294967295
+    assert "<|im_start|>" in props["chat_template"]
+
+
+def test_tokenize_detokenize_apply_template(server):
+    tokens = post(server, "/tokenize", {"content": "<|im_start|>hello"}).json()["tokens"]
+    assert tokens[0] == 1  # special text parsed by default
+    assert post(server, "/detokenize", {"tokens": tokens}).json()["content"] == \
+        "<|im_start|>hello"
+    pieces = post(server, "/tokenize", {"content": "hi", "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == "hi"
+    prompt = post(server, "/apply-template",
+                  {"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# -- openai client -------------------------------------------------------------------------
+def test_openai_chat(client):
+    reply = client.chat.completions.create(
+        model="anything", messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+        temperature=0)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.model == "tiny"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_openai_chat_stream_matches_non_stream(client):
+    messages = [{"role": "user", "content": "Tell me"}]
+    full = client.chat.completions.create(model="m", messages=messages, max_tokens=12,
+                                          temperature=0)
+    chunks = list(client.chat.completions.create(
+        model="m", messages=messages, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        full.usage.completion_tokens
+
+
+def test_openai_completions(client):
+    reply = client.completions.create(model="m", prompt="The sky is", max_tokens=6,
+                                      temperature=0)
+    assert reply.object == "text_completion"
+    assert reply.usage.completion_tokens <= 6
+    streamed = client.completions.create(model="m", prompt="The sky is", max_tokens=6,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == reply.choices[0].text
+
+
+def test_chat_sse_framing(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            **GREEDY}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    assert raw.endswith("data: [DONE]\n\n")
+    events = sse_events(raw.split("\n"))
+    first = json.loads(events[0])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    last = json.loads(events[-2])
+    assert last["choices"][0]["finish_reason"] and "timings" in last
+
+
+def test_chat_logprobs(client):
+    reply = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens or len(content) >= 1
+    assert len(content[0].top_logprobs) == 3
+    assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob)  # greedy
+
+
+# -- native /completion --------------------------------------------------------------------
+def test_native_completion_fields(server):
+    r = post(server, "/completion", {"prompt": "Once upon", "n_predict": 5, "n_probs": 2,
+                                     "return_tokens": True, **GREEDY}).json()
+    assert r["stop"] is True and r["stop_type"] in ("eos", "limit")
+    assert r["tokens_predicted"] == len(r["tokens"]) <= 5
+    assert r["tokens_evaluated"] == r["timings"]["prompt_n"] + r["timings"]["cache_n"]
+    assert len(r["completion_probabilities"]) == r["tokens_predicted"]
+    assert len(r["completion_probabilities"][0]["top_logprobs"]) == 2
+    assert r["generation_settings"]["temperature"] == 0
+
+
+def test_native_stream_has_no_done(server):
+    body = {"prompt": "abc", "n_predict": 4, "stream": True, **GREEDY}
+    with httpx.stream("POST", server.url + "/completion", json=body) as r:
+        events = sse_events(r.read().decode().split("\n"))
+    assert "[DONE]" not in events
+    chunks = [json.loads(e) for e in events]
+    assert all(c["stop"] is False for c in chunks[:-1])
+    assert chunks[-1]["stop"] is True and "timings" in chunks[-1]
+    full = post(server, "/completion", {"prompt": "abc", "n_predict": 4, **GREEDY}).json()
+    assert "".join(c["content"] for c in chunks) == full["content"]
+
+
+def test_stop_string(server):
+    base = post(server, "/completion", {"prompt": "Hello", "n_predict": 12, **GREEDY}).json()
+    text = base["content"]
+    if len(text) < 4:
+        pytest.skip("the random model stopped too early")
+    stop = text[2:4]
+    r = post(server, "/completion", {"prompt": "Hello", "n_predict": 12, "stop": [stop],
+                                     **GREEDY}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == stop
+    assert r["content"] == text[: text.find(stop)]
+
+
+def test_seeded_sampling_is_reproducible(server):
+    body = {"prompt": "Hi", "n_predict": 10, "temperature": 1.0, "seed": 42}
+    a = post(server, "/completion", body).json()["content"]
+    assert post(server, "/completion", body).json()["content"] == a
+
+
+# -- continuous batching and prefix reuse --------------------------------------------------
+PROMPTS = ["The quick brown fox", "Once upon a time", "In the beginning", "Hello world",
+           "A B C D E F", "Numbers: 1 2 3"]
+
+
+def stream_chat(client, prompt, n=24):
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": prompt}], max_tokens=n,
+        temperature=0, stream=True, extra_body={"cache_prompt": False})
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+def test_concurrent_greedy_matches_alone(server, client):
+    alone = [stream_chat(client, p) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # more requests than slots: some wait
+        together = list(pool.map(lambda p: stream_chat(client, p), PROMPTS))
+    assert together == alone
+    metrics = httpx.get(server.url + "/metrics").text
+    busy = [float(line.split()[1]) for line in metrics.splitlines()
+            if line.startswith("llamacpp:n_busy_slots_per_decode")]
+    assert busy and busy[0] > 1.0  # sequences really shared forward passes
+
+
+def test_prefix_reuse_in_timings(server):
+    history = [{"role": "system", "content": "You are a helpful assistant. " * 8},
+               {"role": "user", "content": "First question?"}]
+    first = post(server, "/v1/chat/completions",
+                 {"messages": history, "max_tokens": 4, **GREEDY}).json()
+    history += [first["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+    second = post(server, "/v1/chat/completions",
+                  {"messages": history, "max_tokens": 4, **GREEDY}).json()
+    cached = second["timings"]["cache_n"]
+    assert cached >= first["usage"]["prompt_tokens"] - 2
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+    assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - cached
+
+
+def test_prefix_shared_across_slots_gives_same_tokens(server):
+    prefix = "Shared context " * 10
+    body = {"prompt": prefix + "tail one", "n_predict": 8, **GREEDY}
+    cold = post(server, "/completion", {**body, "cache_prompt": False}).json()
+    post(server, "/completion", {"prompt": prefix + "other", "n_predict": 2, **GREEDY})
+    warm = post(server, "/completion", body).json()
+    assert warm["timings"]["cache_n"] > 10
+    assert warm["content"] == cold["content"]
+
+
+def test_cache_prompt_false_evaluates_everything(server):
+    body = {"prompt": "Repeat me please", "n_predict": 2, **GREEDY}
+    post(server, "/completion", body)
+    r = post(server, "/completion", {**body, "cache_prompt": False}).json()
+    assert r["timings"]["cache_n"] == 0
+
+
+# -- errors --------------------------------------------------------------------------------
+def error_of(response, status, type_):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["type"] == type_ and error["message"]
+    return error
+
+
+def test_malformed_json_is_400(server):
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    error_of(r, 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": "hi"},
+    {"messages": []},
+    {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+    {"messages": [{"role": "user", "content": "x"}], "max_tokens": -5},
+    {"messages": [{"role": "user", "content": "x"}], "stop": 3},
+    {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+    {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+])
+def test_bad_fields_are_400(server, body):
+    error_of(post(server, "/v1/chat/completions", body), 400, "invalid_request_error")
+
+
+def test_bad_native_fields_are_400(server):
+    error_of(post(server, "/completion", {}), 400, "invalid_request_error")
+    error_of(post(server, "/completion", {"prompt": [1, 99999]}), 400, "invalid_request_error")
+    error_of(post(server, "/v1/completions", {"prompt": "x", "echo": True}), 400,
+             "invalid_request_error")
+
+
+def test_prompt_too_long_is_400_with_sizes(server, client):
+    long = "hello " * 600
+    error = error_of(post(server, "/completion", {"prompt": long}), 400,
+                     "exceed_context_size_error")
+    assert error["n_ctx"] == 512 and error["n_prompt_tokens"] >= 512
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": long}],
+                                       stream=True)
+
+
+def test_unknown_route_is_404(server):
+    error_of(httpx.get(server.url + "/v2/nothing"), 404, "not_found_error")
+    error_of(httpx.post(server.url + "/health"), 404, "not_found_error")
+
+
+def test_metrics_format(server):
+    r = httpx.get(server.url + "/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    for name in ("prompt_tokens_total", "tokens_predicted_total", "prompt_tokens_seconds",
+                 "predicted_tokens_seconds", "requests_processing", "requests_deferred",
+                 "kv_cache_usage_ratio", "n_decode_total"):
+        assert f"# TYPE llamacpp:{name} " in r.text and f"\nllamacpp:{name} " in r.text
+
+
+# -- disconnects and keep-alive ------------------------------------------------------------
+def test_disconnect_frees_slot(server):
+    body = {"prompt": "Go on forever", "n_predict": 400, "ignore_eos": True, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", server.url + "/completion", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+    slots = server.wait_idle()
+    assert not any(s["is_processing"] for s in slots)
+    assert max(s["next_token"]["n_decoded"] for s in slots) < 400
+
+
+def test_disconnect_non_stream_frees_slot(server):
+    body = {"prompt": "Go on", "n_predict": 450, "ignore_eos": True, "temperature": 0}
+
+    def request():
+        try:
+            httpx.post(server.url + "/completion", json=body, timeout=0.3)
+        except httpx.TimeoutException:
+            pass
+    thread = threading.Thread(target=request)
+    thread.start()
+    thread.join()
+    slots = server.wait_idle()
+    assert not any(s["is_processing"] for s in slots)
+    assert max(s["next_token"]["n_decoded"] for s in slots) < 450
+
+
+def test_keep_alive_pings(server):
+    body = {"prompt": "word " * 90, "n_predict": 2, "stream": True, "sse_ping_interval": 0.002,
+            **GREEDY}
+    with httpx.stream("POST", server.url + "/completion", json=body) as r:
+        raw = r.read().decode()
+    assert ":\n\n" in raw  # SSE comments while the prompt was processed
+    assert json.loads(sse_events(raw.split("\n"))[-1])["stop"] is True
+
+
+# -- API key -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    model = write_tiny_model(tmp_path_factory.mktemp("key") / "tiny.gguf")
+    srv = ServerProcess(model, "--api-key", "secret1,secret2")
+    yield srv
+    srv.stop()
+
+
+def test_api_key(keyed_server):
+    url = keyed_server.url
+    body = {"prompt": "x", "n_predict": 1}
+    error_of(httpx.post(url + "/completion", json=body), 401, "authentication_error")
+    error_of(httpx.post(url + "/completion", json=body,
+                        headers={"Authorization": "Bearer wrong"}), 401, "authentication_error")
+    ok = httpx.post(url + "/completion", json=body, headers={"Authorization": "Bearer secret2"})
+    assert ok.status_code == 200
+    assert httpx.post(url + "/completion", json=body,
+                      headers={"X-Api-Key": "secret1"}).status_code == 200
+    assert httpx.get(url + "/health").status_code == 200  # public
+    assert httpx.get(url + "/v1/models").status_code == 200  # public
+    good = openai.OpenAI(base_url=url + "/v1", api_key="secret1")
+    assert good.completions.create(model="m", prompt="x", max_tokens=1).choices
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="nope").completions.create(
+            model="m", prompt="x", max_tokens=1)

@@ -1,0 +1,67 @@
+"""Test harness (no tests here): start `python -m edgeinfer.server` as a subprocess on a free
+port and wait until it is ready."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model: Path, *args: str, timeout: float = 600.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log_path = log_dir / f"edgeinfer-server-{self.port}.log"
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edgeinfer.server", str(model), "--port", str(self.port),
+             *args], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+    def wait_idle(self, timeout: float = 30.0) -> list[dict]:
+        """Poll /slots until no slot is processing; return the last answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            slots = httpx.get(self.url + "/slots", timeout=10).json()
+            if not any(s["is_processing"] for s in slots) or time.monotonic() > deadline:
+                return slots
+            time.sleep(0.05)

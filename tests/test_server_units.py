@@ -1,0 +1,106 @@
+"""Server pieces without a socket: the prefix tree, request parsing, the loading state."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from edgeinfer.server.app import Server, create_app
+from edgeinfer.server.engine import Engine
+from edgeinfer.server.errors import ApiError
+from edgeinfer.server.params import parse_chat, parse_completion, parse_prompts
+from edgeinfer.server.prefix import PrefixTree
+
+
+# -- prefix tree ---------------------------------------------------------------------------
+def test_prefix_tree_match_per_slot():
+    tree = PrefixTree()
+    tree.set(0, [1, 2, 3, 4, 5])
+    tree.set(1, [1, 2, 3, 9])
+    tree.set(2, [7, 8])
+    assert tree.match([1, 2, 3, 4, 6]) == {0: 4, 1: 3, 2: 0}
+    assert tree.match([1, 2, 3, 9, 9, 9]) == {0: 3, 1: 4, 2: 0}
+    assert tree.match([7]) == {0: 0, 1: 0, 2: 1}
+    assert tree.match([]) == {0: 0, 1: 0, 2: 0}
+
+
+def test_prefix_tree_replace_and_remove():
+    tree = PrefixTree()
+    tree.set(0, [1, 2, 3])
+    tree.set(1, [1, 2, 3])
+    tree.set(0, [1, 5])
+    assert tree.match([1, 2, 3]) == {0: 1, 1: 3}
+    tree.remove(1)
+    assert tree.match([1, 2, 3]) == {0: 1}
+    assert list(tree.root.children) == [1]  # slot 1's branch is pruned
+    tree.set(1, [])
+    assert tree.match([1, 5, 6]) == {0: 2, 1: 0}
+
+
+def test_prefix_tree_random_against_brute_force():
+    import random
+
+    rng = random.Random(0)
+    tree, seqs = PrefixTree(), {}
+    for _ in range(300):
+        slot = rng.randrange(4)
+        seq = [rng.randrange(3) for _ in range(rng.randrange(12))]
+        tree.set(slot, seq)
+        seqs[slot] = seq
+        query = [rng.randrange(3) for _ in range(rng.randrange(12))]
+
+        def lcp(a, b):
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return n
+        assert tree.match(query) == {s: lcp(q, query) for s, q in seqs.items()}
+
+
+# -- request parsing -----------------------------------------------------------------------
+def test_completion_params_defaults_and_aliases():
+    req = parse_completion({"prompt": "hi"}, oai=False)
+    p = req.params
+    assert req.prompts == [["hi"]]
+    assert (p.n_predict, p.sampling.temperature, p.sampling.top_k, p.sampling.seed) == \
+        (-1, 0.8, 40, None)
+    p = parse_completion({"prompt": "x", "max_tokens": 5, "n_predict": 7}, oai=False).params
+    assert p.n_predict == 7  # n_predict beats max_tokens
+    p = parse_completion({"prompt": "x", "stop": "\n", "seed": 3}, oai=True).params
+    assert p.stop == ("\n",) and p.sampling.seed == 3
+    assert parse_completion({"prompt": "x", "logprobs": 2}, oai=True).params.n_probs == 2
+
+
+def test_prompt_shapes():
+    assert parse_prompts([1, 2, 3]) == [[1, 2, 3]]
+    assert parse_prompts([1, "a", 2]) == [[1, "a", 2]]
+    assert parse_prompts(["a", "b"]) == [["a"], ["b"]]
+    assert parse_prompts([[1, 2], "b"]) == [[1, 2], ["b"]]
+    for bad in (None, 3, [], [True], {"a": 1}):
+        with pytest.raises(ApiError):
+            parse_prompts(bad)
+
+
+def test_chat_parsing():
+    req = parse_chat({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        "logprobs": True, "top_logprobs": 2, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert req.messages[0]["content"] == "a\nb"
+    assert req.params.n_probs == 2 and req.params.logprobs and req.params.include_usage
+    with pytest.raises(ApiError, match="image"):
+        parse_chat({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+    with pytest.raises(ApiError):
+        parse_chat({"messages": [{"role": "user"}]})
+
+
+# -- loading state -------------------------------------------------------------------------
+def test_every_route_is_503_while_loading(tmp_path):
+    engine = Engine(tmp_path / "never-loaded.gguf")  # not started: stays "loading"
+    client = TestClient(create_app(Server(engine, tmp_path / "never-loaded.gguf")))
+    for method, path in (("GET", "/health"), ("GET", "/v1/models"),
+                         ("POST", "/v1/chat/completions"), ("POST", "/completion")):
+        r = client.request(method, path, json={})
+        assert r.status_code == 503
+        assert r.json() == {"error": {"code": 503, "message": "Loading model",
+                                      "type": "unavailable_error"}}
