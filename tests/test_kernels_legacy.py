@@ -139,6 +139,21 @@ def test_matmul_arbitrary_block_bytes(qtype: T) -> None:
 
 
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
+def test_matmul_wider_activation_buffers(qtype: T) -> None:
+    """n_in comes from the weights: buffers sized for a wider layer (and their trailing
+    columns, here garbage) are fine, as with one scratch space shared by all layers."""
+    rng = np.random.default_rng(8)
+    w, _ = make_weights(qtype, 6, 96, rng)
+    x = rng.standard_normal((5, 96), dtype=np.float32)
+    xq, xd, xs, xf = act_buffers(qtype, x)
+    wide = [np.concatenate([a, np.full_like(a, 99)], axis=1) for a in (xq, xd, xs, xf)]
+    out, expect = np.zeros((5, 6), np.float32), np.zeros((5, 6), np.float32)
+    QUANT_FORMATS[qtype].matmul(w, xq, xd, xs, xf, expect)
+    QUANT_FORMATS[qtype].matmul(w, *wide, out)
+    np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
     """GGUF tensors are read-only memory maps; activations have outlier channels."""
     rng = np.random.default_rng(7)

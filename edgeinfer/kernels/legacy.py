@@ -245,9 +245,8 @@ class _RowDot:
     def emit(self, context, builder, sig, args):
         w_ty, xq_ty, xd_ty, xs_ty, _ = sig.args
         w, xq, xd, xs, t0 = args
-        w_ptr = builder.bitcast(
-            context.make_array(w_ty)(context, builder, w).data, _I8.as_pointer()
-        )
+        w_ary = context.make_array(w_ty)(context, builder, w)
+        w_ptr = builder.bitcast(w_ary.data, _I8.as_pointer())
         tokens = []
         for k in range(self.n_tok):
             t = builder.add(t0, _I64(k))
@@ -257,8 +256,9 @@ class _RowDot:
                     for ty, a in ((xq_ty, xq), (xd_ty, xd), (xs_ty, xs))
                 ]
             )
-        xd_ary = context.make_array(xd_ty)(context, builder, xd)
-        n_blocks = cgutils.unpack_tuple(builder, xd_ary.shape, 2)[1]
+        # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
+        row_bytes = cgutils.unpack_tuple(builder, w_ary.shape, 1)[0]
+        n_blocks = builder.udiv(row_bytes, _I64(self.block_bytes))
         zero = ir.Constant(_V8F, [0.0] * 8)
         accs = [
             [cgutils.alloca_once_value(builder, zero) for _ in range(self.n_acc)] for _ in tokens
@@ -444,7 +444,7 @@ _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD
 def matmul_float(w, xq, xd, xs, xf, out) -> None:
     """F32 (float32 w) and BF16 (uint16 w) weights; F16 comes through matmul_f16."""
     n_tok, n_out = out.shape
-    n_in = xf.shape[1]
+    n_in = w.shape[1]  # xf may be wider (shared scratch space)
     n_quad = n_tok // 4
     for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
         r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
