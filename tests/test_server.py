@@ -150,6 +150,16 @@ def test_native_stream_has_no_done(server):
     assert "".join(c["content"] for c in chunks) == full["content"]
 
 
+def test_timings_per_token(server):
+    body = {"prompt": "abc", "n_predict": 3, "stream": True, "timings_per_token": True,
+            **GREEDY}
+    with httpx.stream("POST", server.url + "/completion", json=body) as r:
+        chunks = [json.loads(e) for e in sse_events(r.read().decode().split("\n"))]
+    assert all("timings" in c for c in chunks)
+    assert [c["timings"]["predicted_n"] for c in chunks[:-1]] == \
+        list(range(1, len(chunks)))
+
+
 def test_stop_string(server):
     base = post(server, "/completion", {"prompt": "Hello", "n_predict": 12, **GREEDY}).json()
     text = base["content"]
@@ -345,3 +355,10 @@ def test_api_key(keyed_server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="nope").completions.create(
             model="m", prompt="x", max_tokens=1)
+
+
+def test_id_slot_pins_the_slot(server):
+    r = post(server, "/completion", {"prompt": "pin me", "n_predict": 1, "id_slot": 2}).json()
+    assert r["id_slot"] == 2
+    error_of(post(server, "/completion", {"prompt": "x", "id_slot": 9}), 400,
+             "invalid_request_error")

@@ -161,10 +161,14 @@ class Run:
     """Jobs of one request and the asyncio queue their events arrive on."""
 
     def __init__(self, server: Server, prompts: list[list[int]], params: GenParams):
+        if params.id_slot >= server.engine.n_slots:
+            raise bad_request(f"id_slot {params.id_slot} does not exist "
+                              f"({server.engine.n_slots} slots)")
         loop = asyncio.get_running_loop()
         self.engine, self.queue = server.engine, asyncio.Queue()
         self.jobs = [Job(ids, params, self._sink(loop, i)) for i, ids in enumerate(prompts)]
         self.open = set(range(len(self.jobs)))
+        self._getter: asyncio.Future | None = None
         for job in self.jobs:
             self.engine.submit(job)
 
@@ -172,8 +176,16 @@ class Run:
         put = self.queue.put_nowait
         return lambda event: loop.call_soon_threadsafe(put, (index, event))
 
-    async def next(self, timeout: float | None = None) -> tuple[int, Any]:
-        index, event = await asyncio.wait_for(self.queue.get(), timeout)
+    async def next(self, timeout: float | None = None) -> tuple[int, Any] | None:
+        """The next (job index, event), or None after `timeout` seconds without one. The
+        pending get survives a timeout, so no event is lost to it."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            return None
+        index, event = self._getter.result()
+        self._getter = None
         if isinstance(event, (FinalEvent, ErrorEvent)):
             self.open.discard(index)
         return index, event
@@ -182,6 +194,8 @@ class Run:
         for index in self.open:
             self.engine.cancel(self.jobs[index])
         self.open.clear()
+        if self._getter is not None:
+            self._getter.cancel()
 
 
 async def _watch_disconnect(request: Request, run: Run) -> None:
@@ -217,11 +231,11 @@ def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> Streami
     async def body() -> AsyncIterator[str]:
         try:
             while run.open:
-                try:
-                    index, event = await run.next(timeout)
-                except asyncio.TimeoutError:
-                    yield ":\n\n"
+                item = await run.next(timeout)
+                if item is None:
+                    yield ":\n\n"  # keep-alive comment, ignored by SSE parsers
                     continue
+                index, event = item
                 if isinstance(event, ErrorEvent):
                     yield fmt.sse(event.error.body())
                     return

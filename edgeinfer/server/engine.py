@@ -61,6 +61,7 @@ class TokenEvent:
     n_decoded: int
     slot: int
     probs: TokenProbs | None = None
+    timings: dict | None = None  # only with timings_per_token
 
 
 @dataclass
@@ -266,7 +267,7 @@ class Engine(threading.Thread):
     def _choose_slot(self, job: Job) -> Slot | None:
         free = [s for s in self.slots if s.job is None]
         if job.params.id_slot >= 0:
-            pinned = self.slots[job.params.id_slot % self.n_slots]
+            pinned = self.slots[job.params.id_slot]  # checked at the edge
             return pinned if pinned.job is None else None
         if not free:
             return None
@@ -366,7 +367,8 @@ class Engine(threading.Thread):
         piece = slot.decoder.feed(token)
         text, hit = slot.matcher.feed(piece)
         slot.has_new_line = slot.has_new_line or "\n" in text
-        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs))
+        timings = self._timings(slot) if params.timings_per_token else None
+        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs, timings))
         if hit:
             word = _first_stop(pending + piece, params.stop)
             return self._finish(slot, "word", word)

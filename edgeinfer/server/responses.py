@@ -133,6 +133,8 @@ def native_token_chunk(event: TokenEvent, index: int, n_prompt: int,
              "tokens_evaluated": n_prompt}
     if event.probs is not None and ctx.params.n_probs:
         chunk["completion_probabilities"] = probs_json([event.probs], ctx.piece)
+    if event.timings is not None:
+        chunk["timings"] = event.timings
     return chunk
 
 
@@ -218,7 +220,10 @@ def chat_chunks(event: TokenEvent | FinalEvent, meta: Meta, piece: Piece,
         choice = {"index": 0, "finish_reason": None, "delta": {"content": event.text}}
         if event.probs is not None:
             choice["logprobs"] = {"content": probs_json([event.probs], piece)}
-        return [{**head, "choices": [choice]}]
+        chunk = {**head, "choices": [choice]}
+        if event.timings is not None:
+            chunk["timings"] = event.timings
+        return [chunk]
     chunks = []
     if event.text:
         delta = {"content": event.text}
