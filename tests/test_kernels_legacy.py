@@ -165,6 +165,18 @@ def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
     check_against_reference(qtype, w, raw, x, loose=False)
 
 
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_half_weights_as_gguf_reader_bytes(qtype: T) -> None:
+    """GGUFReader gives BF16 tensors as raw uint8 rows; F16 may come as its uint16 bits."""
+    rng = np.random.default_rng(9)
+    w, _ = make_weights(qtype, 5, 64, rng)
+    x = rng.standard_normal((3, 64), dtype=np.float32)
+    expect, _ = run_kernel(qtype, w, x)
+    for alt in (w.view(np.uint8), w.view(np.uint16)):
+        out, _ = run_kernel(qtype, alt, x)
+        np.testing.assert_array_equal(out, expect)
+
+
 # The block dot product has three code paths, chosen by the CPU numba targets (legacy.DOT_PATH);
 # this machine runs one in-process, numba's own target variables select the others.
 OTHER_TARGETS = {

@@ -442,7 +442,7 @@ _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD
 
 @njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
 def matmul_float(w, xq, xd, xs, xf, out) -> None:
-    """F32 (float32 w) and BF16 (uint16 w) weights; F16 comes through matmul_f16."""
+    """F32 (float32 w) weights; F16 and BF16 come through matmul_f16 / matmul_bf16."""
     n_tok, n_out = out.shape
     n_in = w.shape[1]  # xf may be wider (shared scratch space)
     n_quad = n_tok // 4
@@ -467,13 +467,20 @@ def matmul_float(w, xq, xd, xs, xf, out) -> None:
 
 
 def matmul_f16(w, xq, xd, xs, xf, out) -> None:
-    """F16 weights (a float16 array) times F16-rounded activations, f32 accumulation."""
+    """F16 weights (float16, or their bits as uint16 / raw uint8 bytes) times F16-rounded
+    activations, f32 accumulation."""
     matmul_float(w.view(np.int16), xq, xd, xs, xf, out)
+
+
+def matmul_bf16(w, xq, xd, xs, xf, out) -> None:
+    """BF16 weights (uint16 bits, or the raw uint8 bytes GGUFReader hands out) times
+    BF16-rounded activations, f32 accumulation."""
+    matmul_float(w.view(np.uint16), xq, xd, xs, xf, out)
 
 
 register(T.F32, F32_ACT, matmul_float)
 register(T.F16, F16_ACT, matmul_f16)
-register(T.BF16, BF16_ACT, matmul_float)
+register(T.BF16, BF16_ACT, matmul_bf16)
 register(T.Q8_0, Q8_0_ACT, matmul_q8_0)
 register(T.Q4_0, Q8_0_ACT, matmul_q4_0)
 register(T.Q4_1, Q8_1_ACT, matmul_q4_1)
