@@ -148,8 +148,8 @@ class Transformer:
         store_kv(k, v, slots, positions, kc, vc)
         attn = ws.attn[:n]  # (n, n_head, hd)
         window = c.sliding_window if swa else 0
-        scale = 1.0 if c.q_prescale else c.attn_scale
-        attention(q, kc, vc, slots, positions, window, np.float32(scale), ws.scores, attn)
+        scale = np.float32(1.0 if c.q_prescale else c.attn_scale)
+        attention(q, kc, vc, slots, positions, window, scale, ws.scores, attn)
         project(attn.reshape(n, -1), (b.attn_output,), (o,), ws.scratch)  # (n, n_embd)
         if b.attn_output_bias is not None:
             ops.add_bias(o, b.attn_output_bias)
@@ -164,7 +164,7 @@ class Transformer:
         ops.rms_norm(x, b.ffn_norm, c.norm_eps, h)
         project(h, (b.ffn_gate, b.ffn_up), (gate, up), ws.scratch)
         if c.ffn_act == "gelu_tanh":
-            ops.geglu(gate, up, gate)
+            ops.geglu(gate, up, ops.GELU_TABLE, gate)
         else:
             ops.swiglu(gate, up, gate)
         project(gate, (b.ffn_down,), (o,), ws.scratch)  # (n, n_embd)

@@ -18,7 +18,12 @@ from numba import get_thread_id, njit, prange
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 
 
-@njit(parallel=True, cache=True)
+# Reassociation lets LLVM vectorize the q.k reduction (strict f32 order keeps it scalar);
+# llama.cpp's SIMD dot products reorder their sums the same way.
+FAST = {"reassoc", "contract"}
+
+
+@njit(parallel=True, cache=True, fastmath=FAST)
 def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out):
     """q (n, n_head, hd) f32, rounded to F16 in place; k_cache/v_cache (n_slots, n_ctx,
     n_kv, hd) uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, n_ctx) f32
@@ -64,3 +69,4 @@ def store_kv(k, v, slots, positions, k_cache, v_cache):
             for d in range(hd):
                 k_cache[s, p, h, d] = f32_to_f16_bits(k[i, h, d])
                 v_cache[s, p, h, d] = f32_to_f16_bits(v[i, h, d])
+

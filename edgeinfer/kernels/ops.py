@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import njit
 
-from edgeinfer.kernels.f16 import f16_bits_to_f32, round_f16
+from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 
 @njit(cache=True)
@@ -97,25 +97,34 @@ def swiglu(gate, up, out):
             out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
 
 
-@njit(cache=True)
-def _gelu_tanh_f16(x):
-    # ggml's GELU table (GGML_GELU_FP16): indexed by f16(x), holds f16 of the tanh form.
-    if x <= -10.0:
-        return np.float32(0.0)
-    if x >= 10.0:
-        return x
-    h = round_f16(x)
-    inner = np.float32(0.7978845608028654) * h * (np.float32(1.0) + np.float32(0.044715) * h * h)
-    return round_f16(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(inner))))
+def _gelu_table() -> np.ndarray:
+    """ggml's GELU table (GGML_GELU_FP16): for every F16 input, F16 of the tanh form
+    computed in f32, stored as f32 for the lookup."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        inner = np.float32(0.7978845608028654) * x * (1 + np.float32(0.044715) * x * x)
+        y = np.float32(0.5) * x * (1 + np.tanh(inner, dtype=np.float32))
+    return y.astype(np.float16).astype(np.float32)
+
+
+GELU_TABLE = _gelu_table()
 
 
 @njit(cache=True)
-def geglu(gate, up, out):
-    """gelu_tanh(gate) * up (ggml_vec_geglu_f32 with the F16 table), gemma3's FFN."""
+def geglu(gate, up, table, out):
+    """gelu_tanh(gate) * up (ggml_vec_geglu_f32): 0 below -10, identity above 10, else
+    the table entry of f16(x), times up in f32. gemma3's FFN. table = GELU_TABLE."""
     n, m = gate.shape
     for i in range(n):
         for j in range(m):
-            out[i, j] = _gelu_tanh_f16(gate[i, j]) * up[i, j]
+            x = gate[i, j]
+            if x <= -10.0:
+                g = np.float32(0.0)
+            elif x >= 10.0:
+                g = x
+            else:
+                g = table[f32_to_f16_bits(x)]
+            out[i, j] = g * up[i, j]
 
 
 @njit(cache=True)
