@@ -362,3 +362,18 @@ def test_id_slot_pins_the_slot(server):
     assert r["id_slot"] == 2
     error_of(post(server, "/completion", {"prompt": "x", "id_slot": 9}), 400,
              "invalid_request_error")
+
+
+def test_context_full_stops_with_truncated(server):
+    r = post(server, "/completion", {"prompt": [100] * 511, "n_predict": 10,
+                                     "ignore_eos": True, **GREEDY}).json()
+    # positions 0..510 hold the prompt, 511 the first generated token; the second ends it
+    assert (r["tokens_predicted"], r["stop_type"], r["truncated"]) == (2, "limit", True)
+    error_of(post(server, "/completion", {"prompt": [100] * 512}), 400,
+             "exceed_context_size_error")
+
+
+def test_n_predict_zero_only_evaluates_the_prompt(server):
+    r = post(server, "/completion", {"prompt": "just the prompt", "n_predict": 0}).json()
+    assert r["content"] == "" and r["tokens_predicted"] == 0 and r["stop_type"] == "limit"
+    assert r["timings"]["prompt_n"] + r["timings"]["cache_n"] == r["tokens_evaluated"]

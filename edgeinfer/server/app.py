@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,11 @@ class Server:
     @cached_property
     def scraper(self) -> Scraper:
         return Scraper(self.engine, self.start_time)
+
+    @cached_property
+    def mailbox(self) -> Mailbox:
+        """Created on first use, inside the server's event loop."""
+        return Mailbox(asyncio.get_running_loop())
 
     def piece(self, token: int) -> bytes:
         return self.model.tokenizer.token_to_piece(token, special=True)
@@ -157,6 +163,27 @@ def render_chat(server: Server, messages: list[dict], add_generation_prompt: boo
 
 
 # -- running jobs --------------------------------------------------------------------------
+class Mailbox:
+    """Hands engine events to the event loop, waking it once per batch of events rather
+    than once per event (one engine step emits an event for every running sequence)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock = loop, [], threading.Lock()
+
+    def post(self, put: Callable[[Any], None], item: Any) -> None:
+        with self.lock:
+            self.items.append((put, item))
+            wake = len(self.items) == 1
+        if wake:
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for put, item in items:
+            put(item)
+
+
 class Run:
     """Jobs of one request and the asyncio queue their events arrive on."""
 
@@ -164,17 +191,17 @@ class Run:
         if params.id_slot >= server.engine.n_slots:
             raise bad_request(f"id_slot {params.id_slot} does not exist "
                               f"({server.engine.n_slots} slots)")
-        loop = asyncio.get_running_loop()
         self.engine, self.queue = server.engine, asyncio.Queue()
-        self.jobs = [Job(ids, params, self._sink(loop, i)) for i, ids in enumerate(prompts)]
+        self.jobs = [Job(ids, params, self._sink(server.mailbox, i))
+                     for i, ids in enumerate(prompts)]
         self.open = set(range(len(self.jobs)))
         self._getter: asyncio.Future | None = None
         for job in self.jobs:
             self.engine.submit(job)
 
-    def _sink(self, loop: asyncio.AbstractEventLoop, index: int):
+    def _sink(self, mailbox: Mailbox, index: int):
         put = self.queue.put_nowait
-        return lambda event: loop.call_soon_threadsafe(put, (index, event))
+        return lambda event: mailbox.post(put, (index, event))
 
     async def next(self, timeout: float | None = None) -> tuple[int, Any] | None:
         """The next (job index, event), or None after `timeout` seconds without one. The
