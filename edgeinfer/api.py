@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ class Model:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
              n_slots: int = 1, n_batch: int = 512,
-             progress: Callable[[str], None] | None = None) -> "Model":
+             progress: Callable[[str], None] | None = None) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages, among them
         one when kernels are being compiled (first run only; cached on disk afterwards)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -43,9 +42,9 @@ def main_options(
 
 @app.command()
 def run(
-    model: Optional[str] = MODEL_ARG,
-    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
+    model: str | None = MODEL_ARG,
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", help="Tokens to generate (-1: until EOS)."),
     temp: float = typer.Option(0.8, "--temp", help="Temperature (0: greedy)."),
     top_k: int = typer.Option(40, "--top-k"),
@@ -54,11 +53,11 @@ def run(
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
     seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)."),
-    threads: Optional[int] = THREADS,
+    threads: int | None = THREADS,
     ctx_size: int = CTX,
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
-    system: Optional[str] = typer.Option(None, "--system", help="System message (chat mode)."),
-    stop: List[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr."),
 ) -> None:
     """Generate text from a prompt, streamed to stdout (timings go to stderr)."""
@@ -83,7 +82,7 @@ def pull(name: str = typer.Argument(..., help="Known model name: smollm2, gemma3
 
 @app.command()
 def info(
-    model: Optional[str] = MODEL_ARG,
+    model: str | None = MODEL_ARG,
     ctx_size: int = CTX,
 ) -> None:
     """Show a model's architecture, sizes, tensor types, tokenizer and memory needs."""
@@ -94,10 +93,10 @@ def info(
 
 @app.command()
 def bench(
-    model: Optional[str] = MODEL_ARG,
+    model: str | None = MODEL_ARG,
     n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens (pp test)."),
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="Generated tokens (tg test)."),
-    threads: Optional[int] = THREADS,
+    threads: int | None = THREADS,
     reps: int = typer.Option(5, "-r", "--repetitions"),
     ctx_size: int = CTX,
     as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
@@ -110,15 +109,15 @@ def bench(
 
 @app.command()
 def serve(
-    model: Optional[str] = MODEL_ARG,
+    model: str | None = MODEL_ARG,
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8080, "--port"),
     ctx_size: int = CTX,
     parallel: int = typer.Option(1, "-np", "--parallel", help="Parallel sequence slots."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this bearer key."),
-    threads: Optional[int] = THREADS,
+    api_key: str | None = typer.Option(None, "--api-key", help="Require this bearer key."),
+    threads: int | None = THREADS,
     metrics: bool = typer.Option(False, "--metrics", help="Enable /metrics."),
-    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="Model name in the API."),
+    alias: str | None = typer.Option(None, "-a", "--alias", help="Model name in the API."),
 ) -> None:
     """Serve a llama-server and OpenAI compatible HTTP API."""
     def start() -> None:

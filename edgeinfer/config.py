@@ -65,7 +65,7 @@ def meta_get(meta: dict[str, Any], key: str, default: Any = None, *, required: b
 def per_layer_scalar(value: Any, key: str) -> int:
     """Head counts and n_ff may be per-layer arrays; we support the uniform case."""
     if hasattr(value, "__len__") and not isinstance(value, str):
-        values = set(int(v) for v in value)
+        values = {int(v) for v in value}
         if len(values) != 1:
             raise EdgeInferError(f"unsupported tensor layout: per-layer '{key}' values {values}")
         return values.pop()

@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
         )
 
 
-def generate_step(model: "Model", prompt: Sequence[int], sampler: "Sampler",
+def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
                   timings: Timings, slot: int = 0) -> Iterator[int]:
     """Yield sampled token ids until the context is full; the caller decides when to stop."""
     tf = model.transformer
@@ -120,7 +121,7 @@ def _partial_suffix(text: str, stop: str) -> int:
     return 0
 
 
-def stream_generate(model: "Model", prompt: Sequence[int], sampler: "Sampler",
+def stream_generate(model: Model, prompt: Sequence[int], sampler: Sampler,
                     max_tokens: int = -1, stop: Sequence[str] = (),
                     slot: int = 0) -> Iterator[GenerationEvent]:
     """Events with text pieces; the last one carries finish_reason and the timings.

@@ -32,7 +32,7 @@ class Linear:
             data = data.view(np.uint16)
         return cls(name, fmt, data, shape[0], shape[1])
 
-    def rows(self, start: int, stop: int, name: str) -> "Linear":
+    def rows(self, start: int, stop: int, name: str) -> Linear:
         """A zero-copy view of output rows [start, stop): splits fused qkv / gate_up."""
         return Linear(name, self.fmt, self.weight[start:stop], stop - start, self.n_in)
 

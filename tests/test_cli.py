@@ -8,7 +8,6 @@ import sys
 
 import pytest
 from gguf import GGMLQuantizationType as Q
-
 from tiny_models import write_tiny_model
 
 from edgeinfer.api import Model

@@ -47,7 +47,7 @@ def test_teacher_forced_greedy(case):
         prompt, ids = item["prompt_ids"], item["ids"]
         first = len(prompt) - 1
         logits = model.logits(prompt + ids, rows=range(first, first + len(item["steps"])))
-        for row, step in zip(logits, item["steps"]):
+        for j, (row, step) in enumerate(zip(logits, item["steps"])):
             top, margin = step[0][0], step[0][1] - step[1][1]
             agree.append(int(row.argmax()) == top)
             if not agree[-1] and margin > 0.3:

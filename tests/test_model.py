@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
-
 import reference
+from gguf import GGMLQuantizationType as Q
 from tiny_models import write_tiny_model
 
 from edgeinfer.api import Model

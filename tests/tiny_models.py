@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
+from gguf import GGMLQuantizationType as Q
 
 KQUANT_SCALE = {  # (offset of the f16 d field, d) per k-quant type, keeping values ~0.1
     Q.Q2_K: ((80, 82), 2e-3), Q.Q3_K: ((108,), 5e-4), Q.Q4_K: ((0, 2), 1e-4),

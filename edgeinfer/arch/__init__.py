@@ -6,8 +6,9 @@ read only the `ModelConfig` it builds and the tensors present in the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError

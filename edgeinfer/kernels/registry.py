@@ -23,8 +23,8 @@ Activation quantizers share one signature too:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
