@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -401,12 +401,11 @@ def _file_size(path: Path) -> int:
         return 0
 
 
-def _n_params(path: Path, _cache: dict = {}) -> int:  # noqa: B006 - a per-process memo
-    if path not in _cache:
-        from edgeinfer.gguf_file import GGUFFile
+@lru_cache(maxsize=4)
+def _n_params(path: Path) -> int:
+    from edgeinfer.gguf_file import GGUFFile
 
-        _cache[path] = sum(math.prod(t.shape) for t in GGUFFile(path).tensors.values())
-    return _cache[path]
+    return sum(math.prod(t.shape) for t in GGUFFile(path).tensors.values())
 
 
 async def props(server: Server, request: Request) -> Response:
