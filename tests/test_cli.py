@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -125,3 +127,15 @@ def test_wrong_flag_is_a_usage_error(tiny):
 def test_empty_prompt_is_an_error(tiny):
     out = edgeinfer("run", tiny, "-n", 2, stdin="")
     assert out.returncode == 1 and "empty prompt" in out.stderr
+
+
+@pytest.mark.real
+def test_run_without_model_uses_the_default(real_model):
+    real_model("SmolLM2-135M-Instruct.Q4_1.gguf")  # pulled by .ci/run; skip otherwise
+    out = edgeinfer("run", "-p", "The capital of France is", "--raw", "-n", 4, "--temp", 0,
+                    "-q")
+    assert out.returncode == 0, out.stderr
+    golden = Path(__file__).resolve().parents[2] / "shared" / "golden" / "smollm2.json"
+    case = json.loads(golden.read_text())["greedy"][0]  # llama.cpp's greedy continuation
+    assert case["prompt"] == "The capital of France is"
+    assert out.stdout and case["text"].startswith(out.stdout)
