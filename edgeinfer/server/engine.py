@@ -260,8 +260,14 @@ class Engine(threading.Thread):
             slot = self._choose_slot(job)
             if slot is None:
                 kept.append(job)
-            else:
+                continue
+            try:
                 self._start(slot, job)
+            except Exception as exc:  # a bug: answer this job, keep serving the others
+                log.exception("starting task %d failed", job.id)
+                slot.job, slot.cache = None, []
+                self.tree.remove(slot.id)
+                job.sink(ErrorEvent(ApiError(500, f"internal error: {exc}")))
         self.waiting = kept
 
     def _choose_slot(self, job: Job) -> Slot | None:
