@@ -5,6 +5,7 @@ last-level cache is cycled through), median of --runs calls, next to the machine
 read bandwidth measured by a plain Numba sum loop. Prefill (n_tok = --prefill): GFLOP/s.
 
     python scripts/bench_kernels.py -t 1,2 --json bench.json
+    python scripts/bench_kernels.py --shapes small --all-prefill --batch 8 --types Q5_0,Q4_K
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeinfer.kernels import registry
 
-SHAPES = [(4096, 4096), (11008, 4096)]  # (n_out, n_in)
+SHAPE_SETS = {  # (n_out, n_in)
+    "7b": [(4096, 4096), (11008, 4096)],
+    # the real test models: gemma-3-270m (640 wide, ffn 2048), SmolLM2-135M (576, ffn 1536)
+    "small": [(1024, 640), (2048, 640), (640, 2048), (1536, 576), (576, 1536)],
+}
+SHAPES = SHAPE_SETS["7b"]
 FLOAT_DTYPES = {
     GGMLQuantizationType.F32: np.float32,
     GGMLQuantizationType.F16: np.float16,
@@ -148,15 +154,36 @@ def run(threads: int, args, rng) -> dict:
                 flush=True,
             )
         for n_tok in args.prefill:
-            row = bench_prefill(fmt, *SHAPES[0], n_tok, args.prefill_runs, rng)
-            row.update(type=qtype.name, n_out=SHAPES[0][0], n_in=SHAPES[0][1])
-            result["prefill"].append(row)
+            for n_out, n_in in SHAPES[: len(SHAPES) if args.all_prefill else 1]:
+                row = bench_prefill(fmt, n_out, n_in, n_tok, args.prefill_runs, rng)
+                row.update(type=qtype.name, n_out=n_out, n_in=n_in)
+                result["prefill"].append(row)
+                print(
+                    f"  {qtype.name:5s} {n_out:5d}x{n_in:<5d} prefill{n_tok} "
+                    f"{row['gflop_s_best']:6.1f} GFLOP/s (best)",
+                    flush=True,
+                )
+        for n_tok in args.batch:  # batched decode: tokens/s against one token
+            n_out, n_in = SHAPES[0]
+            one = bench_prefill(fmt, n_out, n_in, 1, args.runs, rng)["seconds"]
+            many = bench_prefill(fmt, n_out, n_in, n_tok, args.runs, rng)["seconds"]
+            row = {"type": qtype.name, "n_tok": n_tok, "speedup": n_tok * one / many}
+            result.setdefault("batch", []).append(row)
+            print(
+                f"  {qtype.name:5s} batch of {n_tok}: {row['speedup']:4.2f}x the tokens/s "
+                "of one (weights warm)",
+                flush=True,
+            )
     return result
 
 
 def print_table(result: dict) -> None:
     print(f"\nthreads={result['threads']}  stream read {result['stream_gb_s']:.1f} GB/s")
-    prefill = {(r["type"], r["n_tok"]): r["gflop_s"] for r in result["prefill"]}
+    prefill = {
+        (r["type"], r["n_tok"]): r["gflop_s"]
+        for r in result["prefill"]
+        if (r["n_out"], r["n_in"]) == SHAPES[0]
+    }
     toks = sorted({n for _, n in prefill})
     head = "type   " + "".join(f"{n_out}x{n_in} GB/s (ratio)  " for n_out, n_in in SHAPES)
     print(head + "".join(f"prefill{n} GFLOP/s  " for n in toks))
@@ -181,10 +208,16 @@ def main() -> None:
         help="bytes of weight copies cycled through (default 2x LLC, >=1 GiB)",
     )
     parser.add_argument("--types", default="", help="comma-separated type names (default all)")
+    parser.add_argument("--shapes", default="7b", choices=sorted(SHAPE_SETS))
+    parser.add_argument("--all-prefill", action="store_true", help="prefill at every shape")
+    parser.add_argument("--batch", default="", help="batched-decode token counts, e.g. 8")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     args.prefill = [int(n) for n in args.prefill.split(",") if n]
     args.types = {s.strip().upper() for s in args.types.split(",") if s.strip()}
+    args.batch = [int(n) for n in args.batch.split(",") if n]
+    global SHAPES
+    SHAPES = SHAPE_SETS[args.shapes]
     args.pool_bytes = args.pool_mb << 20 or max(1 << 30, 2 * last_level_cache_bytes())
     rng = np.random.default_rng(0)
     results = []

@@ -16,8 +16,10 @@ docs/kernels.md), so a whole row's dot product is one Numba intrinsic that emits
 IR, like llama.cpp's AVX2 code: per 32 weights, load 32 bytes, mask/shift the bit fields, u8 x
 s8 pair products (`maddubs`), times the group scales by an i16 x i16 pair product (`madd`),
 int32 x 8 accumulation; per super-block, one f32 x 8 multiply-add; per row, one horizontal
-sum. Each weight block is unpacked once for TILE tokens (prefill) and prefetched ahead. Numba
-only runs the loops over rows and tokens.
+sum. With VNNI the scale product and the add fuse into `vpdpwssd`, and with AVX-512 two chunks
+share a zmm register. Each weight block is unpacked once for TILE tokens (prefill, batches)
+and prefetched ahead. Numba only runs the loops over rows and tokens; products under
+SERIAL_WORK run on the calling thread (no fork/join).
 
 Arrays handed to the kernels must be C-contiguous (a memory-mapped GGUF tensor is).
 """
@@ -30,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGMLQuantizationType
 from llvmlite import ir
-from numba import config, njit, prange, types
+from numba import config, literally, njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
@@ -59,6 +61,15 @@ def _target_features() -> str:
 
 
 USE_X86_AVX2 = "+avx2" in _target_features().split(",")
+# vpdpwssd (AVX512-VNNI on 256-bit registers, or AVX-VNNI): i16 pair products added into i32
+USE_X86_VNNI = USE_X86_AVX2 and (
+    "+avxvnni" in _target_features().split(",")
+    or {"+avx512vnni", "+avx512vl"} <= set(_target_features().split(","))
+)
+# 512-bit registers (AVX512BW + VNNI): two 32-value chunks per vpmaddubsw / vpdpwssd
+USE_X86_VNNI_512 = USE_X86_VNNI and {"+avx512bw", "+avx512vnni"} <= set(
+    _target_features().split(",")
+)
 
 # ---------------------------------------------------------------------------------------------
 # LLVM IR building blocks
@@ -123,10 +134,17 @@ def _madd(b: ir.IRBuilder, p: ir.Value, s: ir.Value) -> ir.Value:
 
 
 def _scaled_dot(
-    b: ir.IRBuilder, u: ir.Value, xp: ir.Value, xoff: int, scales: ir.Value
+    b: ir.IRBuilder, u: ir.Value, xp: ir.Value, xoff: int, scales: ir.Value, acc
 ) -> ir.Value:
-    """sum over 32 values of scale * u * x, as <8 x i32>; scales is <16 x i16> (one per pair)."""
-    return _madd(b, _maddubs(b, u, _load(b, xp, xoff, _i8, 32)), scales)
+    """acc + sum over 32 values of scale * u * x, as <8 x i32>; scales is <16 x i16> (one per
+    pair). With VNNI the pair product and the add are one vpdpwssd."""
+    pairs = _maddubs(b, u, _load(b, xp, xoff, _i8, 32))
+    if USE_X86_VNNI and acc is not None:
+        v8 = _vec(_i32, 8)
+        name = "llvm.x86.avx512.vpdpwssd.256"
+        return _call(b, name, v8, [acc, b.bitcast(pairs, v8), b.bitcast(scales, v8)])
+    part = _madd(b, pairs, scales)
+    return part if acc is None else b.add(acc, part)
 
 
 def _scales16_per_16(b: ir.IRBuilder, sc16: ir.Value, k: int) -> ir.Value:
@@ -170,6 +188,12 @@ def _hsum_f32(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
         half = v.type.count // 2
         v = b.fadd(_shuffle(b, v, list(range(half))), _shuffle(b, v, list(range(half, 2 * half))))
     return b.extract_element(v, ir.Constant(_i32, 0))
+
+
+def _shuffle2(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """Concatenation of two vectors of the same type."""
+    n = lo.type.count
+    return b.shuffle_vector(lo, hi, ir.Constant(_vec(_i32, 2 * n), list(range(2 * n))))
 
 
 def _i32_vector(b: ir.IRBuilder, words: list[ir.Value]) -> ir.Value:
@@ -329,7 +353,8 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # 3.5 GB/s once the matrix outgrew the last-level cache (9.6 GB/s while it fit). Asking for
 # the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
 PREFETCH_BYTES = 2048
-TILE = 4
+TILE = 8  # tokens per weight-block unpack (prefill, batches)
+ROWS_PER_CHUNK = 8  # rows per prange task
 
 # qtype -> (unpack, block bytes), filled by _make_matmul.
 _UNPACKERS: dict[int, tuple[Callable[[ir.IRBuilder, ir.Value], Unpacked], int]] = {}
@@ -371,9 +396,22 @@ def _accumulate_block(b, unpacked: Unpacked, xq: _Rows, xd: _Rows, xs: _Rows, to
         xp, sp = xq.block(tok, blk, QK_K), xs.block(tok, blk, 64)
         dx = b.load(b.bitcast(xd.block(tok, blk, 4), _f32.as_pointer()))
         isum = None
-        for k, (u, scales) in enumerate(unpacked.chunks):
-            part = _scaled_dot(b, u, xp, 32 * k, scales)
-            isum = part if isum is None else b.add(isum, part)
+        if USE_X86_VNNI_512:  # two chunks per zmm instruction, then the halves added
+            for k in range(0, len(unpacked.chunks), 2):
+                (u0, s0), (u1, s1) = unpacked.chunks[k : k + 2]
+                u = _shuffle2(b, u0, u1)
+                x = _load(b, xp, 32 * k, _i8, 64)
+                pairs = _call(b, "llvm.x86.avx512.pmaddubs.w.512", _vec(_i16, 32), [u, x])
+                v16 = _vec(_i32, 16)
+                acc = ir.Constant(v16, [0] * 16) if isum is None else isum
+                scales = b.bitcast(_shuffle2(b, s0, s1), v16)
+                isum = _call(
+                    b, "llvm.x86.avx512.vpdpwssd.512", v16, [acc, b.bitcast(pairs, v16), scales]
+                )
+            isum = b.add(_shuffle(b, isum, list(range(8))), _shuffle(b, isum, list(range(8, 16))))
+        else:
+            for k, (u, scales) in enumerate(unpacked.chunks):
+                isum = _scaled_dot(b, u, xp, 32 * k, scales, isum)
         b.store(b.fadd(b.load(acc_ptr), unpacked.finish(b, isum, sp, dx)), acc_ptr)
 
 
@@ -395,7 +433,8 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
         toks = [builder.add(tok, ir.Constant(tok.type, t)) for t in range(n_tile)]
         zero = ir.Constant(_vec(_f32, 8), [0.0] * 8)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_tile)]
-        n_blk = builder.udiv(xq.n_cols, ir.Constant(tok.type, QK_K))
+        # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
+        n_blk = builder.udiv(w.n_cols, ir.Constant(tok.type, block_bytes))
         with cgutils.for_range(builder, n_blk) as loop:
             wp = w.block(row, loop.index, block_bytes)
             _prefetch(builder, wp, block_bytes)
@@ -413,6 +452,38 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
 # ---------------------------------------------------------------------------------------------
 
 
+# Below this many weight bytes x tokens a product runs on one thread: the second thread's
+# fork/join costs a few us, more than it saves on a small matrix.
+SERIAL_WORK = 64 * 1024
+
+
+@njit(cache=True)
+def _rows_tokens(code, tile, w, xq, xd, xs, out, r0, r1) -> None:
+    """Rows [r0, r1) x all tokens, `tile` tokens per weight-block unpack; a last partial
+    tile moves back to overlap the previous one (recomputing identical outputs)."""
+    literally(code)
+    literally(tile)
+    n_tok = out.shape[0]
+    for tok in range(0, n_tok, tile):
+        tok = min(tok, n_tok - tile)
+        for row in range(r0, r1):
+            p = _row_dot(code, tile, w, row, xq, xd, xs, tok)
+            for k in range(tile):
+                out[tok + k, row] = p[k]
+
+
+@njit(cache=True)
+def _rows(code, w, xq, xd, xs, out, r0, r1) -> None:
+    literally(code)
+    n_tok = out.shape[0]
+    if n_tok >= TILE:
+        _rows_tokens(code, TILE, w, xq, xd, xs, out, r0, r1)
+    elif n_tok >= 4:
+        _rows_tokens(code, 4, w, xq, xd, xs, out, r0, r1)
+    else:  # decode, and batches of 2-3
+        _rows_tokens(code, 1, w, xq, xd, xs, out, r0, r1)
+
+
 def _make_matmul(qtype: GGMLQuantizationType, unpack, block_bytes: int):
     """The kernel for one type. Its closure holds only the int `code`: Numba's on-disk cache
     key pickles closure cells, and a pickled intrinsic differs between processes."""
@@ -420,15 +491,14 @@ def _make_matmul(qtype: GGMLQuantizationType, unpack, block_bytes: int):
     code = int(qtype)
 
     def matmul(w, xq, xd, xs, xf, out) -> None:  # xf unused: uniform kernel signature
-        n_tok = xq.shape[0]
-        n_tiled = n_tok - n_tok % TILE
-        for row in prange(w.shape[0]):
-            for tok in range(0, n_tiled, TILE):
-                p = _row_dot(code, TILE, w, row, xq, xd, xs, tok)
-                out[tok, row], out[tok + 1, row] = p[0], p[1]
-                out[tok + 2, row], out[tok + 3, row] = p[2], p[3]
-            for tok in range(n_tiled, n_tok):
-                out[tok, row] = _row_dot(code, 1, w, row, xq, xd, xs, tok)[0]
+        n_out = w.shape[0]
+        n_chunks = (n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
+        if w.shape[1] * n_out * out.shape[0] < SERIAL_WORK:  # no fork/join when small
+            _rows(code, w, xq, xd, xs, out, np.int64(0), np.int64(n_out))
+        else:
+            for c in prange(n_chunks):
+                r0 = np.int64(c) * ROWS_PER_CHUNK  # int64 everywhere: one compiled _rows
+                _rows(code, w, xq, xd, xs, out, r0, min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True)(matmul)

@@ -3,22 +3,25 @@
 Each kernel has the registry's uniform signature `kernel(w, xq, xd, xs, xf, out)` and writes
 out[t, r] = dot(w[r], x[t]) for every token t and output row r.
 
-Integer types follow llama.cpp's AVX2 `ggml_vec_dot_*_q8_*` (ggml-cpu/arch/x86/quants.c): per
+Integer types follow llama.cpp's `ggml_vec_dot_*_q8_*` (ggml-cpu/arch/x86/quants.c): per
 32-value block an exact integer dot product into 8 int32 lanes, converted to f32 and
-accumulated with one FMA by d_w*d_x into an 8-lane f32 accumulator that lives across blocks;
-the `_1` types add sum(m_w * s_x) in a scalar f32. The block loop is hand-written LLVM vector
-IR (`numba.extending.intrinsic`): LLVM's auto-vectorizers were fragile on nibble formats
-(kernels.md, facts 1-6). The integer dot itself is chosen once from the CPU numba targets
-(DOT_PATH): `vpdpbusd` (AVX-VNNI / AVX512-VNNI), else `vpmaddubsw`+`vpmaddwd` (AVX2), both
-with llama.cpp's sign trick for signed weights, else portable IR (NEON, NUMBA_CPU_NAME=generic).
-All three give bit-identical results: the integer sums are exact.
+accumulated with one FMA by d_w*d_x into an f32 vector accumulator that lives across blocks;
+the `_1` types add sum(m_w * s_x) separately. The block loop is hand-written LLVM vector IR
+(`numba.extending.intrinsic`): LLVM's auto-vectorizers were fragile on nibble formats
+(kernels.md, facts 1-6). The integer dot is chosen once from the CPU numba targets
+(DOT_PATH): `vpdpbusd` (AVX-VNNI / AVX512-VNNI) on unsigned weights (value + bias, the bias
+times the activations' block sum subtracted exactly), with AVX-512 two blocks per zmm
+register (BLOCKS_PER_STEP); else `vpmaddubsw`+`vpmaddwd` (AVX2) with llama.cpp's sign trick;
+else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on every path.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 
-Parallelism: `prange` over chunks of ROWS_PER_CHUNK output rows. Inside a chunk, tokens go
-TOKENS_PER_CALL at a time through each row, so prefill decodes a weight block once per 4
-tokens and re-reads weights from L1/L2, not DRAM.
+Tiling: one intrinsic call computes a register tile of TILE_ROWS rows x 8 tokens (prefill,
+batches of 8+; smaller batches 4 or 1): each weight block is decoded once per 8 tokens,
+each activation block loaded once per 2 rows, and the 16 accumulators stay in registers for
+the whole row. Parallelism: `prange` over chunks of ROWS_PER_CHUNK rows, whose weights stay
+in L1 while the tokens stream past; products under SERIAL_WORK run on the calling thread.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from edgeinfer.kernels.actquant import (
@@ -40,8 +44,6 @@ from edgeinfer.kernels.actquant import (
     Q8_1_ACT,
 )
 from edgeinfer.kernels.registry import register
-
-ROWS_PER_CHUNK = 8  # output rows per prange task: weights of one chunk stay in L1/L2
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32, _HALF = ir.FloatType(), ir.HalfType()
@@ -87,7 +89,8 @@ def _load_f16(builder, base, offset):
     return _half_to_f32(builder, _load(builder, base, offset, _I16))
 
 
-# ---- weight block decoders: (builder, block ptr) -> <32 x i8> weights, element j = value j
+# ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
+# (unsigned, so that VNNI's u8 x s8 product needs no sign trick), element j = value j
 
 
 def _nibbles(builder, base, offset):
@@ -105,12 +108,12 @@ def _high_bits(builder, base, offset):
     return builder.select(bits, _splat(_I8, 32, 16), _splat(_I8, 32, 0))
 
 
-def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]
-    return _load(builder, blk, 2, _vec(_I8, 32))
+def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]; u = q + 128 (flip the sign bit)
+    return builder.xor(_load(builder, blk, 2, _vec(_I8, 32)), _splat(_I8, 32, 0x80))
 
 
 def _decode_q4_0(builder, blk):  # d f16 | qs u8[16]; value = nibble - 8
-    return builder.sub(_nibbles(builder, blk, 2), _splat(_I8, 32, 8))
+    return _nibbles(builder, blk, 2)
 
 
 def _decode_q4_1(builder, blk):  # d f16 | m f16 | qs u8[16]; value = d * nibble + m
@@ -118,15 +121,14 @@ def _decode_q4_1(builder, blk):  # d f16 | m f16 | qs u8[16]; value = d * nibble
 
 
 def _decode_q5_0(builder, blk):  # d f16 | qh u32 | qs u8[16]; value = (nibble | hbit<<4) - 16
-    q = builder.or_(_nibbles(builder, blk, 6), _high_bits(builder, blk, 2))
-    return builder.sub(q, _splat(_I8, 32, 16))
+    return builder.or_(_nibbles(builder, blk, 6), _high_bits(builder, blk, 2))
 
 
 def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
     return builder.or_(_nibbles(builder, blk, 8), _high_bits(builder, blk, 4))
 
 
-# ---- the block dot product and the row loop
+# ---- the block dot product
 
 
 if "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
@@ -135,6 +137,10 @@ elif "avx2" in CPU_FEATURES:
     DOT_PATH = "avx2"  # vpmaddubsw + vpmaddwd, llama.cpp's AVX2 path
 else:
     DOT_PATH = "generic"  # portable IR; LLVM picks widening multiplies (NEON smull/sdot...)
+
+# Blocks per step of the block loop: with AVX-512 VNNI two 32-value blocks share one zmm
+# register, which halves the int->float conversions, scale products and FMAs per block.
+BLOCKS_PER_STEP = 2 if DOT_PATH == "vnni" and {"avx512vnni", "avx512bw"} <= CPU_FEATURES else 1
 
 
 def _call(builder, name: str, ret: ir.Type, *args):
@@ -161,21 +167,25 @@ def _dot_generic(builder, a, b):
     return builder.add(lo, hi)
 
 
+def _vpdpbusd(builder, acc, u, s):
+    """acc + sums of 4 adjacent u8*s8 products, exact in i32 (no saturation): 8 or 16 lanes."""
+    n = acc.type.count
+    vi = _vec(_I32, n)
+    name = "llvm.x86.avx512.vpdpbusd.512" if n == 16 else "llvm.x86.avx512.vpdpbusd.256"
+    return _call(builder, name, vi, acc, builder.bitcast(u, vi), builder.bitcast(s, vi))
+
+
 def _dot_u8s8(builder, u, s):
     """dot of unsigned bytes u with signed bytes s. u <= 128 and |s| <= 127 here, so the i16
     pair sums of vpmaddubsw (<= 32512) cannot saturate."""
-    v8i32 = _vec(_I32, 8)
-    if DOT_PATH == "vnni":
-        zero = ir.Constant(v8i32, [0] * 8)
-        ub, sb = builder.bitcast(u, v8i32), builder.bitcast(s, v8i32)
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", v8i32, zero, ub, sb)
     pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), u, s)
     ones = ir.Constant(_vec(_I16, 16), [1] * 16)
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", v8i32, pairs, ones)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), pairs, ones)
 
 
-def _dot_i8x32(builder, a, b, a_unsigned: bool):
-    """Exact dot of weights a and activations b (|b| <= 127) as <8 x i32> partial sums. x86: multiply |a| by b carrying a's sign (vpsignb), as llama.cpp's
+def _dot_signed(builder, a, b, a_unsigned: bool):
+    """Exact dot of weights a and activations b (|b| <= 127) as <8 x i32> partial sums,
+    without VNNI. AVX2: multiply |a| by b carrying a's sign (vpsignb), as llama.cpp's
     mul_sum_i8_pairs; the `_1` formats' weights are already unsigned."""
     if DOT_PATH == "generic":
         return _dot_generic(builder, a, b)
@@ -186,11 +196,15 @@ def _dot_i8x32(builder, a, b, a_unsigned: bool):
     return _dot_u8s8(builder, abs_a, signed_b)
 
 
-def _hsum8(builder, v):
-    """Horizontal sum of <8 x float> in hsum_float_8's order (halves, then pairs)."""
-    s4 = builder.fadd(_shuffle(builder, v, v, [0, 1, 2, 3]), _shuffle(builder, v, v, [4, 5, 6, 7]))
-    s2 = builder.fadd(_shuffle(builder, s4, s4, [0, 1]), _shuffle(builder, s4, s4, [2, 3]))
-    return builder.fadd(builder.extract_element(s2, _I32(0)), builder.extract_element(s2, _I32(1)))
+def _hsum(builder, v):
+    """Horizontal sum of <8k x float>: halves down to 8 lanes, then hsum_float_8's order."""
+    while v.type.count > 2:
+        half = v.type.count // 2
+        v = builder.fadd(
+            _shuffle(builder, v, v, list(range(half))),
+            _shuffle(builder, v, v, list(range(half, 2 * half))),
+        )
+    return builder.fadd(builder.extract_element(v, _I32(0)), builder.extract_element(v, _I32(1)))
 
 
 def _prefetch(builder, ptr) -> None:
@@ -205,215 +219,242 @@ def _prefetch(builder, ptr) -> None:
     builder.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])
 
 
-def _row_ptr(context, builder, arrty, arr, t):
-    """i8* to row t of a 2-D array (any row stride)."""
-    ary = context.make_array(arrty)(context, builder, arr)
-    stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
-    base = builder.bitcast(ary.data, _I8.as_pointer())
-    return builder.gep(base, [builder.mul(t, stride)])
+class _Array2D:
+    """i8* to row i of a C-contiguous 2-D array argument (any row stride)."""
+
+    def __init__(self, context, builder, arrty, arr):
+        ary = context.make_array(arrty)(context, builder, arr)
+        self.builder = builder
+        self.base = builder.bitcast(ary.data, _I8.as_pointer())
+        self.stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+        self.n_cols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
+
+    def row(self, i):
+        return self.builder.gep(self.base, [self.builder.mul(i, self.stride)])
 
 
-class _RowDot:
-    """Emits dot(one weight row, n_tok consecutive tokens' Q8 activations) for one format.
-    Several tokens per call decode each weight block once (prefill); one token uses two
-    accumulators (even/odd blocks) to hide the FMA latency (+10-15%, kernels.md)."""
+def _repeat_lanes(builder, values, n: int):
+    """[v0 x n, v1 x n, ...] from scalar f32 values."""
+    v = ir.Constant(_vec(_F32, len(values)), None)
+    for k, value in enumerate(values):
+        v = builder.insert_element(v, value, _I32(k))
+    return _shuffle(builder, v, v, [k for k in range(len(values)) for _ in range(n)])
 
-    def __init__(self, decode, block_bytes: int, has_min: bool, n_tok: int):
-        self.decode, self.block_bytes, self.has_min = decode, block_bytes, has_min
-        self.n_tok, self.n_acc = n_tok, 2 if n_tok == 1 else 1
 
-    def block(self, builder, w, tokens, i, accs, summs):
-        """Adds block i of every token into its vector accumulator (and m*s into summs)."""
-        blk = builder.gep(w, [builder.mul(i, _I64(self.block_bytes))])
-        _prefetch(builder, builder.gep(blk, [_I64(PREFETCH_BYTES)]))
-        q_w, d_w = self.decode(builder, blk), _load_f16(builder, blk, 0)
-        m_w = _load_f16(builder, blk, 2) if self.has_min else None
+class _Tile:
+    """Emits out[t0 + t, r0 + r] = dot(weight row r0 + r, token t0 + t) for an R x T tile.
+
+    Per step of BLOCKS_PER_STEP blocks, each of the R weight blocks is decoded once for the
+    T tokens and each token's activations are loaded once for the R rows; the R*T vector
+    accumulators stay in registers for the whole row (R*T <= 16 of the 32 zmm registers).
+    With VNNI the weights are unsigned (value + bias): dot(u, x) - bias*sum(x), the sum
+    taken once per token and block by one more vpdpbusd against ones, and the correction
+    seeded into the accumulator of the vpdpbusd itself; all exact integers."""
+
+    def __init__(self, decode, block_bytes: int, bias: int, has_min: bool, rows: int, toks: int):
+        self.decode, self.block_bytes, self.bias, self.has_min = decode, block_bytes, bias, has_min
+        self.rows, self.toks = rows, toks
+
+    def _weights(self, builder, w_row, ahead, i, nb: int):
+        """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>, m <nb x f32>)."""
+        blks = [
+            builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), _I64(self.block_bytes))])
+            for k in range(nb)
+        ]
+        _prefetch(builder, builder.gep(blks[0], [ahead]))
+        q = self.decode(builder, blks[0])
+        if nb == 2:
+            q = _shuffle(builder, q, self.decode(builder, blks[1]), list(range(64)))
+        if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
+            q = builder.sub(q, _splat(_I8, 32 * nb, self.bias))
+        d = _repeat_lanes(builder, [_load_f16(builder, b, 0) for b in blks], 8)
+        m = None
+        if self.has_min:  # [m_0, 0 x 7, m_1, 0 x 7]: m*s lands once per block in the sum
+            m = ir.Constant(_vec(_F32, 8 * nb), [0.0] * 8 * nb)
+            for k, b in enumerate(blks):
+                m = builder.insert_element(m, _load_f16(builder, b, 2), _I32(8 * k))
+        return q, d, m
+
+    def _dot(self, builder, q, x, corr):
+        if DOT_PATH == "vnni":
+            return _vpdpbusd(builder, corr, q, x)
+        return _dot_signed(builder, q, x, a_unsigned=not self.bias)
+
+    def step(self, builder, w_rows, ahead, toks, i, nb: int, accs):
+        """Adds blocks i .. i+nb-1 of every (row, token) pair into its accumulators."""
+        vi, vf = _vec(_I32, 8 * nb), _vec(_F32, 8 * nb)
         fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_V8F, [_V8F] * 3), "llvm.fma.v8f32"
+            builder.module, ir.FunctionType(vf, [vf] * 3), f"llvm.fma.v{8 * nb}f32"
         )
-        for (xq, xd, xs), acc, summ in zip(tokens, accs, summs):
-            q_x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32))
-            isum = builder.sitofp(_dot_i8x32(builder, q_w, q_x, self.has_min), _V8F)
-            scale = builder.fmul(d_w, _load(builder, xd, builder.mul(i, _I64(4)), _F32))
-            scale_v = builder.insert_element(ir.Constant(_V8F, None), scale, _I32(0))
-            scale_v = _shuffle(builder, scale_v, scale_v, [0] * 8)
-            builder.store(builder.call(fma, [isum, scale_v, builder.load(acc)]), acc)
+        weights = [self._weights(builder, w_row, ahead, i, nb) for w_row in w_rows]
+        for t, (xq, xd, xs) in enumerate(toks):
+            x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32 * nb))
+            d_x = _load(builder, xd, builder.mul(i, _I64(4)), _vec(_F32, nb))
+            d_x = _shuffle(builder, d_x, d_x, [k for k in range(nb) for _ in range(8)])
+            corr = ir.Constant(vi, [0] * 8 * nb)
+            if DOT_PATH == "vnni" and self.bias:
+                x_sum = _vpdpbusd(builder, corr, _splat(_I8, 32 * nb, 1), x)
+                corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
             if self.has_min:
-                s_x = _load(builder, xs, builder.mul(i, _I64(4)), _F32)
-                builder.store(builder.fadd(builder.load(summ), builder.fmul(m_w, s_x)), summ)
+                s_x = _load(builder, xs, builder.mul(i, _I64(4)), _vec(_F32, nb))
+                s_x = _shuffle(builder, s_x, s_x, [k for k in range(nb) for _ in range(8)])
+            for r, (q, d_w, m_w) in enumerate(weights):
+                isum = builder.sitofp(self._dot(builder, q, x, corr), vf)
+                acc = accs[nb][r][t]
+                total = builder.call(fma, [isum, builder.fmul(d_w, d_x), builder.load(acc)])
+                if self.has_min:  # llama.cpp's summs += m_w * s_x, in the same accumulator
+                    total = builder.call(fma, [m_w, s_x, total])
+                builder.store(total, acc)
 
     def emit(self, context, builder, sig, args):
-        w_ty, xq_ty, xd_ty, xs_ty, _ = sig.args
-        w, xq, xd, xs, t0 = args
-        w_ary = context.make_array(w_ty)(context, builder, w)
-        w_ptr = builder.bitcast(w_ary.data, _I8.as_pointer())
-        tokens = []
-        for k in range(self.n_tok):
-            t = builder.add(t0, _I64(k))
-            tokens.append(
-                [
-                    _row_ptr(context, builder, ty, a, t)
-                    for ty, a in ((xq_ty, xq), (xd_ty, xd), (xs_ty, xs))
-                ]
-            )
+        w, xq, xd, xs, out = (
+            _Array2D(context, builder, sig.args[k], args[k]) for k in (3, 5, 6, 7, 9)
+        )
+        r0, t0 = args[4], args[8]
+        w_rows = [w.row(builder.add(r0, _I64(r))) for r in range(self.rows)]
+        ahead = builder.mul(w.stride, _I64(PREFETCH_ROWS))  # same block, rows further on
+        toks = []
+        for t in range(self.toks):
+            tok = builder.add(t0, _I64(t))
+            toks.append([xq.row(tok), xd.row(tok), xs.row(tok)])
         # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
-        row_bytes = cgutils.unpack_tuple(builder, w_ary.shape, 1)[0]
-        n_blocks = builder.udiv(row_bytes, _I64(self.block_bytes))
-        zero = ir.Constant(_V8F, [0.0] * 8)
-        accs = [
-            [cgutils.alloca_once_value(builder, zero) for _ in range(self.n_acc)] for _ in tokens
-        ]
-        summs = [cgutils.alloca_once_value(builder, _F32(0.0)) for _ in tokens]
-        step = _I64(self.n_acc)
+        n_blocks = builder.udiv(w.n_cols, _I64(self.block_bytes))
+        widths = sorted({1, BLOCKS_PER_STEP})
+        accs = {}
+        for nb in widths:
+            zero = ir.Constant(_vec(_F32, 8 * nb), [0.0] * 8 * nb)
+            accs[nb] = [[cgutils.alloca_once_value(builder, zero) for _ in toks] for _ in w_rows]
+        step = _I64(BLOCKS_PER_STEP)
         with cgutils.for_range(builder, builder.udiv(n_blocks, step)) as loop:
-            for p in range(self.n_acc):
-                i = builder.add(builder.mul(loop.index, step), _I64(p))
-                self.block(builder, w_ptr, tokens, i, [a[p] for a in accs], summs)
-        with builder.if_then(builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))):
-            i = builder.sub(n_blocks, _I64(1))
-            self.block(builder, w_ptr, tokens, i, [a[0] for a in accs], summs)
-        results = []
-        for acc, summ in zip(accs, summs):
-            total = builder.load(acc[0])
-            for other in acc[1:]:
-                total = builder.fadd(total, builder.load(other))
-            results.append(builder.fadd(_hsum8(builder, total), builder.load(summ)))
-        return context.make_tuple(builder, sig.return_type, results)
+            i = builder.mul(loop.index, step)
+            self.step(builder, w_rows, ahead, toks, i, BLOCKS_PER_STEP, accs)
+        if BLOCKS_PER_STEP == 2:  # an odd block count leaves one block
+            with builder.if_then(
+                builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))
+            ):
+                self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
+        for r in range(self.rows):
+            for t, tok in enumerate(toks):
+                total = _F32(0.0)
+                for nb in widths:
+                    total = builder.fadd(total, _hsum(builder, builder.load(accs[nb][r][t])))
+                ptr = builder.gep(
+                    out.row(builder.add(t0, _I64(t))),
+                    [builder.mul(builder.add(r0, _I64(r)), _I64(4))],
+                )
+                builder.store(total, builder.bitcast(ptr, _F32.as_pointer()))
+        return context.get_dummy_value()
 
 
 def _is_2d(ty, dtype) -> bool:
     return isinstance(ty, types.Array) and ty.ndim == 2 and ty.layout == "C" and ty.dtype == dtype
 
 
-def _rowdot_intrinsic(name: str, decode, block_bytes: int, has_min: bool, n_tok: int):
-    """intrinsic rowdot(w_row u8[], xq i8[:, :], xd f32[:, :], xs f32[:, :], t0) ->
-    n_tok-tuple of f32: dot(w_row, token t0 + k) for k < n_tok."""
-    emitter = _RowDot(decode, block_bytes, has_min, n_tok)
-
-    def typer(typingctx, w, xq, xd, xs, t0):
-        ok = (
-            isinstance(w, types.Array)
-            and w.ndim == 1
-            and w.layout == "C"
-            and w.dtype == types.uint8
-            and _is_2d(xq, types.int8)
-            and _is_2d(xd, types.float32)
-            and _is_2d(xs, types.float32)
-        )
-        ret = types.UniTuple(types.float32, n_tok)
-        return (ret(w, xq, xd, xs, types.int64), emitter.emit) if ok else None
-
-    typer.__name__ = typer.__qualname__ = f"rowdot{n_tok}_{name}"
-    return intrinsic(typer)
+def _literal_int(ty) -> int:
+    if not isinstance(ty, types.IntegerLiteral):
+        raise TypingError("_tile needs compile-time constant format, rows and tokens")
+    return ty.literal_value
 
 
-TOKENS_PER_CALL = 4  # prefill: tokens per weight-block decode
-PREFETCH_BYTES = 1024  # how far ahead of the current block to prefetch weights (any row)
+# Prefetch distance: the same block PREFETCH_ROWS rows on (the next tiles' rows), so every
+# row a tile will read is in flight a tile or two earlier, whatever the row width.
+PREFETCH_ROWS = 4
 
-# name, decoder, block bytes, has a minimum (the `_1` formats, Q8_1 activations)
+# format code -> (decoder, block bytes, bias added by the decoder, has a minimum: the `_1`
+# formats, on Q8_1 activations)
 _FORMATS = {
-    "q8_0": (_decode_q8_0, 34, False),
-    "q4_0": (_decode_q4_0, 18, False),
-    "q4_1": (_decode_q4_1, 20, True),
-    "q5_0": (_decode_q5_0, 22, False),
-    "q5_1": (_decode_q5_1, 24, True),
+    int(T.Q8_0): (_decode_q8_0, 34, 128, False),
+    int(T.Q4_0): (_decode_q4_0, 18, 8, False),
+    int(T.Q4_1): (_decode_q4_1, 20, 0, True),
+    int(T.Q5_0): (_decode_q5_0, 22, 16, False),
+    int(T.Q5_1): (_decode_q5_1, 24, 0, True),
 }
 
 
-def _rowdots(name: str):
-    """The (1-token, TOKENS_PER_CALL-token) row-dot intrinsics of one format."""
-    return tuple(_rowdot_intrinsic(name, *_FORMATS[name], n) for n in (1, TOKENS_PER_CALL))
+@intrinsic
+def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
+    """(code, rows, toks, w, r0, xq, xd, xs, t0, out): writes out[t0:t0+toks, r0:r0+rows].
+    code (a GGML type), rows and toks must be compile-time constants."""
+    fmt, n_rows, n_toks = _FORMATS[_literal_int(code)], _literal_int(rows), _literal_int(toks)
+    ok = (
+        _is_2d(w, types.uint8)
+        and _is_2d(xq, types.int8)
+        and _is_2d(xd, types.float32)
+        and _is_2d(xs, types.float32)
+        and _is_2d(out, types.float32)
+    )
+    if not ok:
+        raise TypingError("legacy kernels need C-contiguous 2-D arrays of the documented dtypes")
+    emitter = _Tile(*fmt, n_rows, n_toks)
+    sig = types.none(code, rows, toks, w, types.intp, xq, xd, xs, types.intp, out)
+    return sig, emitter.emit
 
 
-_rowdot_q8_0, _rowdot4_q8_0 = _rowdots("q8_0")
-_rowdot_q4_0, _rowdot4_q4_0 = _rowdots("q4_0")
-_rowdot_q4_1, _rowdot4_q4_1 = _rowdots("q4_1")
-_rowdot_q5_0, _rowdot4_q5_0 = _rowdots("q5_0")
-_rowdot_q5_1, _rowdot4_q5_1 = _rowdots("q5_1")
+# ---- kernels: one per type, made by one factory
+
+TILE_ROWS = 2  # register tile: 2 rows x up to 8 tokens = 16 accumulators
+ROWS_PER_CHUNK = 16  # output rows per prange task (the last takes the rest): stays in L1
+# Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
+# costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
+SERIAL_WORK = 64 * 1024
 
 
-# ---- kernels: one per type, identical loops around the type's row dot product
-# (written out rather than made by a factory so that numba's cache=True can key each one)
+@njit(cache=True)
+def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
+    """Rows [r0, r1) x all tokens in tiles of n_rows x n_toks; a last partial tile is moved
+    back to overlap the previous one (recomputing a few identical outputs)."""
+    literally(code)
+    literally(n_rows)
+    literally(n_toks)
+    n_tok = out.shape[0]
+    for t in range(0, n_tok, n_toks):
+        t = min(t, n_tok - n_toks)
+        for r in range(r0, r1, n_rows):
+            _tile(code, n_rows, n_toks, w, min(r, r1 - n_rows), xq, xd, xs, t, out)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q8_0(w, xq, xd, xs, xf, out) -> None:
+@njit(cache=True)
+def _chunk(code, w, xq, xd, xs, out, c) -> None:
+    """Output rows of chunk c for every token: tiles of 8 tokens (prefill, batches of 8+),
+    else of 4 or 1, so that a weight block is decoded once for as many tokens as possible."""
+    literally(code)
     n_tok, n_out = out.shape
-    n_quad = n_tok // TOKENS_PER_CALL
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for tq in range(n_quad):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                res = _rowdot4_q8_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
-                for k in range(TOKENS_PER_CALL):
-                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
-        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q8_0(w[r], xq, xd, xs, t)[0]
+    r0 = c * ROWS_PER_CHUNK
+    r1 = n_out if r0 + 2 * ROWS_PER_CHUNK > n_out else r0 + ROWS_PER_CHUNK
+    if r1 - r0 < TILE_ROWS:  # a single output row
+        _chunk_tokens(code, 1, 1, w, xq, xd, xs, out, r0, r1)
+    elif n_tok >= 8:
+        _chunk_tokens(code, TILE_ROWS, 8, w, xq, xd, xs, out, r0, r1)
+    elif n_tok >= 4:
+        _chunk_tokens(code, TILE_ROWS, 4, w, xq, xd, xs, out, r0, r1)
+    else:  # decode, and batches of 2-3 (their weights are still in L1 for the next token)
+        _chunk_tokens(code, TILE_ROWS, 1, w, xq, xd, xs, out, r0, r1)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q4_0(w, xq, xd, xs, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_quad = n_tok // TOKENS_PER_CALL
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for tq in range(n_quad):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                res = _rowdot4_q4_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
-                for k in range(TOKENS_PER_CALL):
-                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
-        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q4_0(w[r], xq, xd, xs, t)[0]
+def _make_matmul(qtype: T):
+    """The kernel for one type. Its closure holds only the int `code` (numba's on-disk cache
+    pickles closure cells; a pickled dispatcher or intrinsic differs between processes)."""
+    code = int(qtype)
+
+    def matmul(w, xq, xd, xs, xf, out) -> None:  # xf unused: uniform kernel signature
+        n_tok, n_out = out.shape
+        n_chunks = max(n_out // ROWS_PER_CHUNK, 1)
+        if w.shape[1] * n_out * n_tok < SERIAL_WORK:  # no fork/join for a small product
+            for c in range(n_chunks):
+                _chunk(code, w, xq, xd, xs, out, np.int64(c))
+        else:
+            for c in prange(n_chunks):  # int64 c in both loops: one compiled _chunk
+                _chunk(code, w, xq, xd, xs, out, np.int64(c))
+
+    matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
+    return njit(parallel=True, cache=True)(matmul)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q4_1(w, xq, xd, xs, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_quad = n_tok // TOKENS_PER_CALL
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for tq in range(n_quad):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                res = _rowdot4_q4_1(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
-                for k in range(TOKENS_PER_CALL):
-                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
-        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q4_1(w[r], xq, xd, xs, t)[0]
-
-
-@njit(parallel=True, cache=True)
-def matmul_q5_0(w, xq, xd, xs, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_quad = n_tok // TOKENS_PER_CALL
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for tq in range(n_quad):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                res = _rowdot4_q5_0(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
-                for k in range(TOKENS_PER_CALL):
-                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
-        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q5_0(w[r], xq, xd, xs, t)[0]
-
-
-@njit(parallel=True, cache=True)
-def matmul_q5_1(w, xq, xd, xs, xf, out) -> None:
-    n_tok, n_out = out.shape
-    n_quad = n_tok // TOKENS_PER_CALL
-    for c in prange((n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK):
-        r_end = min(c * ROWS_PER_CHUNK + ROWS_PER_CHUNK, n_out)
-        for tq in range(n_quad):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                res = _rowdot4_q5_1(w[r], xq, xd, xs, tq * TOKENS_PER_CALL)
-                for k in range(TOKENS_PER_CALL):
-                    out[tq * TOKENS_PER_CALL + k, r] = res[k]
-        for t in range(n_quad * TOKENS_PER_CALL, n_tok):
-            for r in range(c * ROWS_PER_CHUNK, r_end):
-                out[t, r] = _rowdot_q5_1(w[r], xq, xd, xs, t)[0]
+matmul_q8_0 = _make_matmul(T.Q8_0)
+matmul_q4_0 = _make_matmul(T.Q4_0)
+matmul_q4_1 = _make_matmul(T.Q4_1)
+matmul_q5_0 = _make_matmul(T.Q5_0)
+matmul_q5_1 = _make_matmul(T.Q5_1)
 
 
 # ---- float weights
