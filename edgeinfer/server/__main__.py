@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("-c", "--ctx-size", type=int, default=0, dest="n_ctx")
-    p.add_argument("-np", "--parallel", type=int, default=1)
+    p.add_argument("-np", "--parallel", type=int, default=-1, help="slots; -1: auto (4)")
     p.add_argument("--api-key", default=None)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--metrics", action="store_true")
