@@ -18,7 +18,7 @@ Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' l
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 
 Tiling: one intrinsic call computes a register tile of TILE_ROWS rows x 8 tokens (prefill,
-batches of 8+; smaller batches 4 or 1): each weight block is decoded once per 8 tokens,
+batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8 tokens,
 each activation block loaded once per 2 rows, and the 16 accumulators stay in registers for
 the whole row. Parallelism: `prange` over chunks of ROWS_PER_CHUNK rows, whose weights stay
 in L1 while the tokens stream past; products under SERIAL_WORK run on the calling thread.
@@ -416,7 +416,7 @@ def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
 @njit(cache=True)
 def _chunk(code, w, xq, xd, xs, out, c) -> None:
     """Output rows of chunk c for every token: tiles of 8 tokens (prefill, batches of 8+),
-    else of 4 or 1, so that a weight block is decoded once for as many tokens as possible."""
+    else of 4, 2 or 1, so that a weight block is decoded once for as many tokens as possible."""
     literally(code)
     n_tok, n_out = out.shape
     r0 = c * ROWS_PER_CHUNK
@@ -427,7 +427,9 @@ def _chunk(code, w, xq, xd, xs, out, c) -> None:
         _chunk_tokens(code, TILE_ROWS, 8, w, xq, xd, xs, out, r0, r1)
     elif n_tok >= 4:
         _chunk_tokens(code, TILE_ROWS, 4, w, xq, xd, xs, out, r0, r1)
-    else:  # decode, and batches of 2-3 (their weights are still in L1 for the next token)
+    elif n_tok >= 2:
+        _chunk_tokens(code, TILE_ROWS, 2, w, xq, xd, xs, out, r0, r1)
+    else:
         _chunk_tokens(code, TILE_ROWS, 1, w, xq, xd, xs, out, r0, r1)
 
 
