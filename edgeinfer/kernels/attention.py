@@ -1,61 +1,476 @@
-"""Causal grouped-query attention over the F16 KV cache.
+"""Causal grouped-query attention over the F16 KV cache, tiled for prefill and long contexts.
 
 One kernel serves prefill (many tokens of one sequence) and batched decode (one token of each
 of several sequences): every query row carries its own cache slot and absolute position, and
 attends to cache cells [lo, pos] of that slot, where lo = pos - window + 1 on sliding-window
 layers (shared/docs/architectures.md §1.3, "Mask").
 
-Numerics mirror llama.cpp's non-flash path (build_attn_mha), which produced the golden
-files: Q rounded to F16 for the F16 K·Q product, f32 accumulation, softmax of x*scale with
-the sum in double, P rounded to F16 for the F16 P·V product.
+Work is split into items: a tile of consecutive same-slot tokens x one KV head. The tile's
+rows are its tokens x the query heads of that KV group, so each K and V row is converted from
+F16 once and used by all of them, in 4-row x 4-key register blocks. Keys are visited in
+blocks of KEY_BLOCK cells aligned to absolute positions, so a row computes the same sums
+whether it is decoded alone or prefilled in a tile (cached decode == full forward, bit for
+bit). A lone decode token has too few items for the threads, so its keys are split in ranges.
+
+Numerics are llama.cpp's non-flash path (build_attn_mha), which produced the golden files,
+and are kept exactly rather than through an online softmax: an online softmax must round P
+to F16 before the row's final max and sum are known, and those one-ulp differences in P
+measurably moved the logits away from llama.cpp's (golden median |diff| on the prompts of
+SmolLM2 0.06 -> 0.14). So each tile keeps its rows' raw scores (a per-thread buffer of at
+most SCORE_BUDGET floats; long contexts get fewer tokens per tile) and does, per row:
+Q rounded to F16, f32 dot products with the F16 keys, x*scale, max, exp(x - max) by ggml's
+own vectorized expf (bit for bit), sum in double, P = x * (float)(1/sum) rounded to F16,
+then f32 P·V with the F16 values. Only the f32 summation orders differ from ggml's.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import get_thread_id, njit, prange
+from llvmlite import ir
+from numba import get_thread_id, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+from numba.np.ufunc.parallel import _iget_num_threads
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 
-
-# Reassociation lets LLVM vectorize the q.k reduction (strict f32 order keeps it scalar);
+# Reassociation lets LLVM vectorize the q.k reductions (strict f32 order keeps them scalar);
 # llama.cpp's SIMD dot products reorder their sums the same way.
 FAST = {"reassoc", "contract"}
+
+TILE_TOKENS = 16  # most query tokens per tile: 16 x (heads per KV head) rows share each K/V row
+KEY_BLOCK = 64  # keys converted and multiplied per step; a multiple of the 4-key unroll
+SCORE_BUDGET = 1 << 18  # floats of raw scores a tile may keep (1 MiB: fits in L2)
+SPLIT_MIN_KEYS = 512  # a decode row's keys are split across threads in ranges at least this long
+SERIAL_MACS = 1 << 18  # calls with less work (q.k + p.v multiply-adds) run on one thread
+
+
+def scratch_floats(n_head: int, n_head_kv: int, head_dim: int, n_ctx: int) -> int:
+    """float32s of per-thread scratch `attention` needs in each row of `scores` for this model
+    and context size; a smaller `scores` still works, but then each call allocates it."""
+    group = n_head // n_head_kv
+    return int(_scratch_floats(_tile_tokens(group, n_ctx) * group, head_dim, n_ctx))
+
+
+@njit(cache=True)
+def _tile_tokens(group, n_ctx):
+    return max(1, min(TILE_TOKENS, SCORE_BUDGET // (group * n_ctx)))
+
+
+@njit(cache=True)
+def _scratch_floats(rows, hd, n_ctx):
+    return rows * hd + (rows + 3) * hd + KEY_BLOCK * hd + rows * n_ctx
+
+
+@njit(cache=True)
+def _thread_scratch(buf, rows, hd, n_ctx):
+    """One thread's views of its scratch row: the tile's F16-rounded Q, its accumulators (+3
+    spare rows), a block of converted K or V rows, and the rows' scores then probabilities."""
+    qt = buf[: rows * hd].reshape((rows, hd))
+    off = rows * hd
+    acc = buf[off : off + (rows + 3) * hd].reshape((rows + 3, hd))
+    off += (rows + 3) * hd
+    kf = buf[off : off + KEY_BLOCK * hd].reshape((1, KEY_BLOCK, 1, hd))  # as a cache slice
+    off += KEY_BLOCK * hd
+    sc = buf[off : off + rows * n_ctx].reshape((rows, n_ctx))
+    return qt, acc, kf, sc
+
+
+# ---------------------------------------------------------------------------- exp, as ggml's
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c with one rounding (llvm.fma: vfmadd, vectorizable)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
+                                            "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_to_f32(typingctx, bits):
+    """int32 bit pattern -> float32 (bitcast)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+def _hex32(text):
+    return np.float32(float.fromhex(text))
+
+
+_SHIFTER = _hex32("0x1.8p23")
+_LOG2E, _LN2_HI, _LN2_LO = _hex32("0x1.715476p+0"), _hex32("0x1.62e4p-1"), _hex32("0x1.7f7d1cp-20")
+_C1, _C2, _C3 = _hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.555e66p-3")
+_C4, _C5 = _hex32("0x1.573e2ep-5"), _hex32("0x1.0e4020p-7")
+
+
+@njit(cache=True)  # no fastmath: the operations must stay exactly as written
+def _expf(x):
+    """exp(x) for x <= 0, bit for bit ggml's ggml_v_expf (ggml-cpu/vec.h, the AVX-512 and AVX2
+    versions agree; ARM-derived, 1.45 + 0.5 ulp), which llama.cpp's softmax uses. Results
+    below 2^-126 (x < -87.3) are not gradual like ggml's scalef but stay under 2e-38, far
+    below F16's smallest subnormal, so P and the double sum come out the same."""
+    z = _fma(x, _LOG2E, _SHIFTER)
+    n = z - _SHIFTER  # round(x / ln2)
+    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+    u = b * b
+    j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, np.float32(1.0)))
+    m = max(n, np.float32(-126.0))  # -inf and NaN-free for x = -inf: n = -inf -> -126
+    scaled = j * _bits_to_f32((np.int32(m) + np.int32(127)) << np.int32(23))
+    return scaled if n >= np.float32(-192.0) else np.float32(0.0)
+
+
+@njit(cache=True, fastmath=FAST)
+def _softmax_row(x, scale):
+    """llama.cpp's soft_max_f32 on one row of raw dots x (a view, so loops run from 0 and
+    vectorize): x*scale, max, exp(x - max), sum in double, then P = x * (float)(1/sum)
+    rounded to F16, which its F16 P·V matmul does when it converts P."""
+    n = x.shape[0]
+    for k in range(n):
+        x[k] *= scale
+    t0 = t1 = t2 = t3 = np.float32(-np.inf)  # 4 partial maxima: one chain is latency-bound
+    for k in range(n // 4):
+        t0 = max(t0, x[4 * k])
+        t1 = max(t1, x[4 * k + 1])
+        t2 = max(t2, x[4 * k + 2])
+        t3 = max(t3, x[4 * k + 3])
+    for k in range(n - n % 4, n):
+        t0 = max(t0, x[k])
+    top = max(max(t0, t1), max(t2, t3))
+    for k in range(n):  # apart from the double sum, which would keep this loop scalar
+        x[k] = _expf(x[k] - top)
+    total = 0.0
+    for k in range(n):
+        total += x[k]
+    inv = np.float32(1.0 / total)
+    for k in range(n):
+        x[k] = round_f16(x[k] * inv)
+
+
+# ------------------------------------------------------------------ 4 x 4 register blocks
+
+
+def _f32(x):
+    """x as float32: F16 bits are converted, float32 passes through."""
+
+
+@overload(_f32, inline="always")
+def _f32_impl(x):
+    if x == types.uint16:
+        return lambda x: f16_bits_to_f32(x)
+    if x == types.float32:
+        return lambda x: x
+    return None
+
+
+@njit(cache=True, fastmath=FAST)
+def _convert_rows(cache, s, j0, nb, kvh, dst):
+    """dst[0, :nb, 0] = cache[s, j0:j0+nb, kvh] as float32."""
+    for jj in range(nb):
+        for d in range(dst.shape[3]):
+            dst[0, jj, 0, d] = f16_bits_to_f32(cache[s, j0 + jj, kvh, d])
+
+
+@njit(cache=True, fastmath=FAST)
+def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col):
+    """sc[r, col + jj] = qt[r] . K[jj] for jj in [a, b) and rows ra..rd (repeats allowed),
+    K[jj] = src[s, j0 + jj, kvh] (F16 bits or f32). 4 rows x 4 keys per pass: 16 independent
+    accumulators hide the FMA latency and each load feeds 4 FMAs."""
+    hd = qt.shape[1]
+    jj = a
+    while jj + 4 <= b:
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
+        for d in range(hd):
+            k0 = _f32(src[s, j0 + jj, kvh, d])
+            k1 = _f32(src[s, j0 + jj + 1, kvh, d])
+            k2 = _f32(src[s, j0 + jj + 2, kvh, d])
+            k3 = _f32(src[s, j0 + jj + 3, kvh, d])
+            x = qt[ra, d]
+            a0 += x * k0
+            a1 += x * k1
+            a2 += x * k2
+            a3 += x * k3
+            x = qt[rb, d]
+            b0 += x * k0
+            b1 += x * k1
+            b2 += x * k2
+            b3 += x * k3
+            x = qt[rc, d]
+            c0 += x * k0
+            c1 += x * k1
+            c2 += x * k2
+            c3 += x * k3
+            x = qt[rd, d]
+            d0 += x * k0
+            d1 += x * k1
+            d2 += x * k2
+            d3 += x * k3
+        o = col + jj
+        sc[ra, o], sc[ra, o + 1], sc[ra, o + 2], sc[ra, o + 3] = a0, a1, a2, a3
+        sc[rb, o], sc[rb, o + 1], sc[rb, o + 2], sc[rb, o + 3] = b0, b1, b2, b3
+        sc[rc, o], sc[rc, o + 1], sc[rc, o + 2], sc[rc, o + 3] = c0, c1, c2, c3
+        sc[rd, o], sc[rd, o + 1], sc[rd, o + 2], sc[rd, o + 3] = d0, d1, d2, d3
+        jj += 4
+    while jj < b:  # leftover keys: 4 rows x 1 key
+        a0 = b0 = c0 = d0 = np.float32(0.0)
+        for d in range(hd):
+            k0 = _f32(src[s, j0 + jj, kvh, d])
+            a0 += qt[ra, d] * k0
+            b0 += qt[rb, d] * k0
+            c0 += qt[rc, d] * k0
+            d0 += qt[rd, d] * k0
+        o = col + jj
+        sc[ra, o], sc[rb, o], sc[rc, o], sc[rd, o] = a0, b0, c0, d0
+        jj += 1
+
+
+@njit(cache=True, fastmath=FAST)
+def _accumulate4(acc, sc, col, src, s, j0, kvh, ra, rb, rc, rd, pa, pb, pc, pd, a, b):
+    """acc[ra] += sum over jj in [a, b) of sc[pa, col + jj] * V[jj] (V[jj] = src[s, j0 + jj,
+    kvh]), likewise for (rb, pb), (rc, pc), (rd, pd): 4 rows x 4 value rows per pass, one load
+    and store of each acc row per 4 FMAs. The acc rows must be distinct (a spare row takes
+    the place of a missing one), the P rows need not be."""
+    hd = acc.shape[1]
+    jj = a
+    while jj + 4 <= b:
+        o = col + jj
+        a0, a1, a2, a3 = sc[pa, o], sc[pa, o + 1], sc[pa, o + 2], sc[pa, o + 3]
+        b0, b1, b2, b3 = sc[pb, o], sc[pb, o + 1], sc[pb, o + 2], sc[pb, o + 3]
+        c0, c1, c2, c3 = sc[pc, o], sc[pc, o + 1], sc[pc, o + 2], sc[pc, o + 3]
+        d0, d1, d2, d3 = sc[pd, o], sc[pd, o + 1], sc[pd, o + 2], sc[pd, o + 3]
+        for d in range(hd):
+            v0 = _f32(src[s, j0 + jj, kvh, d])
+            v1 = _f32(src[s, j0 + jj + 1, kvh, d])
+            v2 = _f32(src[s, j0 + jj + 2, kvh, d])
+            v3 = _f32(src[s, j0 + jj + 3, kvh, d])
+            acc[ra, d] += a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+            acc[rb, d] += b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+            acc[rc, d] += c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
+            acc[rd, d] += d0 * v0 + d1 * v1 + d2 * v2 + d3 * v3
+        jj += 4
+    while jj < b:
+        o = col + jj
+        a0, b0, c0, d0 = sc[pa, o], sc[pb, o], sc[pc, o], sc[pd, o]
+        for d in range(hd):
+            v0 = _f32(src[s, j0 + jj, kvh, d])
+            acc[ra, d] += a0 * v0
+            acc[rb, d] += b0 * v0
+            acc[rc, d] += c0 * v0
+            acc[rd, d] += d0 * v0
+        jj += 1
+
+
+# ------------------------------------------------------------------------- one tile's phases
+
+
+@njit(cache=True)
+def _key_range(p, window):
+    return (max(0, p - window + 1) if window > 0 else 0), p + 1
+
+
+@njit(cache=True)
+def _same_keys(positions, i0, t, nt, window, j0, j1):
+    """The keys [a, b) (block-relative, a >= b: none) token t sees in block [j0, j1), and the
+    end t1 of the run of tokens from t that see the same ones: one contiguous row range."""
+    lo, hi = _key_range(positions[i0 + t], window)
+    a, b = max(lo, j0) - j0, min(hi, j1) - j0
+    t1 = t + 1
+    while t1 < nt:
+        lo, hi = _key_range(positions[i0 + t1], window)
+        if max(lo, j0) - j0 != a or min(hi, j1) - j0 != b:
+            break
+        t1 += 1
+    return min(a, j1 - j0), max(b, 0), t1
+
+
+@njit(cache=True, fastmath=FAST)
+def _tile_setup(q, positions, i0, nt, kvh, group, window, qt):
+    """Round the tile's query rows (r = token * group + head in group) to F16 into qt;
+    return the union [ka, kb) of the tokens' key ranges."""
+    ka, kb = positions[i0] + 1, 0
+    for t in range(nt):
+        lo, hi = _key_range(positions[i0 + t], window)
+        ka, kb = min(ka, lo), max(kb, hi)
+        for g in range(group):
+            for d in range(q.shape[2]):
+                qt[t * group + g, d] = round_f16(q[i0 + t, kvh * group + g, d])
+    return ka, kb
+
+
+@njit(cache=True)
+def _blocks(ka, kb, part, n_part):
+    """The part-th of n_part slices of the key blocks (aligned to absolute positions) that
+    cover [ka, kb)."""
+    first, last = ka // KEY_BLOCK, (kb - 1) // KEY_BLOCK + 1
+    return (first + (last - first) * part // n_part,
+            first + (last - first) * (part + 1) // n_part)
+
+
+@njit(cache=True, fastmath=FAST)
+def _tile_scores(qt, k_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb, blk_lo,
+                 blk_hi, sc):
+    """Raw dots of the tile rows with the keys they see in blocks [blk_lo, blk_hi), into
+    sc[r, key - ka]. A tile of <= 4 rows uses each key once: it reads the cache directly;
+    bigger tiles convert each block to f32 once."""
+    direct = nt * group <= 4
+    for blk in range(blk_lo, blk_hi):
+        j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        if not direct:
+            _convert_rows(k_cache, s, j0, j1 - j0, kvh, kf)
+        t = 0
+        while t < nt:
+            a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
+            last = t1 * group - 1
+            for r in range(t * group, t1 * group, 4):
+                rb, rc, rd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+                if direct:
+                    _scores4(qt, k_cache, s, j0, kvh, r, rb, rc, rd, a, b, sc, j0 - ka)
+                else:
+                    _scores4(qt, kf, 0, 0, 0, r, rb, rc, rd, a, b, sc, j0 - ka)
+            t = t1
+
+
+@njit(cache=True)
+def _tile_softmax(sc, scale, positions, i0, group, window, ka, r_lo, r_hi):
+    """Rows [r_lo, r_hi) of sc: raw dots -> F16-rounded probabilities over each row's keys."""
+    for r in range(r_lo, r_hi):
+        lo, hi = _key_range(positions[i0 + r // group], window)
+        _softmax_row(sc[r, lo - ka : hi - ka], scale)
+
+
+@njit(cache=True, fastmath=FAST)
+def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
+                 blk_lo, blk_hi):
+    """acc[r] = P[r] @ V over the tile rows' keys in blocks [blk_lo, blk_hi)."""
+    acc[:] = 0.0
+    spare = acc.shape[0] - 1  # rows past a run go to the 3 spare rows, never read
+    direct = nt * group <= 4
+    for blk in range(blk_lo, blk_hi):
+        j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        if not direct:
+            _convert_rows(v_cache, s, j0, j1 - j0, kvh, kf)
+        t = 0
+        while t < nt:
+            a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
+            last = t1 * group - 1
+            for r in range(t * group, t1 * group, 4):
+                rb = r + 1 if r + 1 <= last else spare
+                rc = r + 2 if r + 2 <= last else spare - 1
+                rd = r + 3 if r + 3 <= last else spare - 2
+                pb, pc, pd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+                if direct:
+                    _accumulate4(acc, sc, j0 - ka, v_cache, s, j0, kvh, r, rb, rc, rd, r, pb,
+                                 pc, pd, a, b)
+                else:
+                    _accumulate4(acc, sc, j0 - ka, kf, 0, 0, 0, r, rb, rc, rd, r, pb, pc, pd,
+                                 a, b)
+            t = t1
+
+
+@njit(cache=True, fastmath=FAST)
+def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale, buf,
+              out):
+    """Work item w: batch rows [c*chunk, (c+1)*chunk) (runs of one slot each) x KV head kvh."""
+    n, n_head, hd = q.shape
+    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    group = n_head // n_kv
+    # Zigzag order: causal prefill chunks grow in cost, and prange hands each thread a
+    # contiguous range of w, so pair cheap early items with expensive late ones.
+    item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2
+    c, kvh = item // n_kv, item % n_kv
+    qt, acc, kf, sc = _thread_scratch(buf, _tile_tokens(group, n_ctx) * group, hd, n_ctx)
+    i = c * chunk
+    end = min(n, i + chunk)
+    while i < end:
+        i1 = i + 1
+        while i1 < end and slots[i1] == slots[i]:
+            i1 += 1
+        s, nt = slots[i], i1 - i
+        ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt)
+        blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
+        _tile_scores(qt, k_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb, blk_lo,
+                     blk_hi, sc)
+        _tile_softmax(sc, scale, positions, i, group, window, ka, 0, nt * group)
+        _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
+                     blk_lo, blk_hi)
+        for t in range(nt):
+            for g in range(group):
+                out[i + t, kvh * group + g] = acc[t * group + g]
+        i = i1
 
 
 @njit(parallel=True, cache=True, fastmath=FAST)
 def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out):
-    """q (n, n_head, hd) f32, rounded to F16 in place; k_cache/v_cache (n_slots, n_ctx,
-    n_kv, hd) uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, n_ctx) f32
-    scratch; out (n, n_head, hd) f32."""
+    """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
+    uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
+    allocated here when m < scratch_floats(...); out (n, n_head, hd) f32."""
     n, n_head, hd = q.shape
-    group = n_head // k_cache.shape[2]
-    for t in prange(n * n_head):
-        i, h = t // n_head, t % n_head
-        kvh, s, p = h // group, slots[i], positions[i]
-        lo = max(0, p - window + 1) if window > 0 else 0
-        row = scores[get_thread_id()]
-        for d in range(hd):
-            q[i, h, d] = round_f16(q[i, h, d])
-        top = np.float32(-np.inf)
-        for j in range(lo, p + 1):
-            acc = np.float32(0.0)
-            for d in range(hd):
-                acc += q[i, h, d] * f16_bits_to_f32(k_cache[s, j, kvh, d])
-            row[j] = acc * scale
-            top = max(top, row[j])
-        total = 0.0
-        for j in range(lo, p + 1):
-            e = np.exp(row[j] - top)
-            row[j] = e
-            total += e
-        inv = np.float32(1.0 / total)
-        for d in range(hd):
-            out[i, h, d] = 0.0
-        for j in range(lo, p + 1):
-            pj = round_f16(row[j] * inv)
-            for d in range(hd):
-                out[i, h, d] += pj * f16_bits_to_f32(v_cache[s, j, kvh, d])
+    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    group = n_head // n_kv
+    tile = _tile_tokens(group, n_ctx)
+    # numba.get_num_threads() inside a kernel goes through a ctypes pointer, which stops
+    # caching; its intrinsic calls the same C function by name.
+    n_thr = _iget_num_threads()
+    macs, longest = 0, 0  # q.k and p.v multiply-adds; the longest key range
+    for i in range(n):
+        lo, hi = _key_range(positions[i], window)
+        macs += 2 * (hi - lo) * n_head * hd
+        longest = max(longest, hi - lo)
+    # Below ~10 us of work, waking the other threads costs more than it saves. In parallel,
+    # small batches get smaller tiles so every thread has work.
+    parallel = n_thr > 1 and macs >= SERIAL_MACS
+    chunk = max(1, min(tile, n // (2 * n_thr))) if parallel else tile
+    n_items = (n + chunk - 1) // chunk * n_kv
+    need = _scratch_floats(tile * group, hd, n_ctx)
+    work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
+    if parallel and n_items < 2 * n_thr and longest >= 2 * SPLIT_MIN_KEYS:
+        # Few long rows (decode): split each row's keys into parts across the threads. Then
+        # chunk == 1. Scores, softmax and P·V become three parallel steps with shared scores.
+        n_part = min((2 * n_thr + n_items - 1) // n_items, longest // SPLIT_MIN_KEYS)
+        sc_all = np.empty((n, n_head, longest), np.float32)
+        part_acc = np.empty((n_part, n, n_head, hd), np.float32)
+        for w in prange(n_items * n_part):
+            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
+            qt, _, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
+            ka, kb = _tile_setup(q, positions, i, 1, kvh, group, window, qt)
+            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+            _tile_scores(qt, k_cache, kf, slots[i], kvh, positions, i, 1, group, window, ka,
+                         kb, blk_lo, blk_hi, sc_all[i, kvh * group : kvh * group + group])
+        for w in prange(n * n_head):
+            i = w // n_head
+            lo, hi = _key_range(positions[i], window)
+            _softmax_row(sc_all[i, w % n_head, : hi - lo], scale)
+        for w in prange(n_items * n_part):
+            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
+            _, acc, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
+            ka, kb = _key_range(positions[i], window)
+            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+            _tile_values(acc, sc_all[i, kvh * group : kvh * group + group], v_cache, kf,
+                         slots[i], kvh, positions, i, 1, group, window, ka, kb, blk_lo, blk_hi)
+            for g in range(group):
+                part_acc[part, i, kvh * group + g] = acc[g]
+        out[:] = part_acc[0]
+        for part in range(1, n_part):
+            out += part_acc[part]
+    elif parallel:
+        for w in prange(n_items):
+            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
+                      work[get_thread_id()], out)
+    else:
+        for w in range(n_items):
+            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
+                      work[0], out)
 
 
 @njit(cache=True)
@@ -69,4 +484,3 @@ def store_kv(k, v, slots, positions, k_cache, v_cache):
             for d in range(hd):
                 k_cache[s, p, h, d] = f32_to_f16_bits(k[i, h, d])
                 v_cache[s, p, h, d] = f32_to_f16_bits(v[i, h, d])
-

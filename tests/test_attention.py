@@ -1,0 +1,184 @@
+"""The attention kernel against an independent float64 numpy attention.
+
+The reference applies the mask and softmax exactly in float64 on the same F16 cache and the
+F16-rounded Q (what llama.cpp's K·Q matmul sees); the kernel's remaining differences are P
+rounded to F16 (relative 2^-11 per weight) and f32 sums, hence tolerances of ~1e-3 on
+outputs of order 1.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from edgeinfer.kernels.attention import KEY_BLOCK, _expf, attention, scratch_floats
+
+ATOL = 1.5e-3
+
+
+def reference(q, k_cache, v_cache, slots, positions, window, scale):
+    """out[i, h] = softmax(scale * K q) V over cells [lo, pos] of the row's slot, float64."""
+    n, n_head, hd = q.shape
+    group = n_head // k_cache.shape[2]
+    qr = q.astype(np.float16).astype(np.float64)
+    keys = k_cache.view(np.float16).astype(np.float64)
+    values = v_cache.view(np.float16).astype(np.float64)
+    out = np.zeros((n, n_head, hd))
+    for i, (s, p) in enumerate(zip(slots, positions)):
+        lo = max(0, p - window + 1) if window > 0 else 0
+        for h in range(n_head):
+            x = keys[s, lo : p + 1, h // group] @ qr[i, h] * scale
+            w = np.exp(x - x.max())
+            out[i, h] = (w / w.sum()) @ values[s, lo : p + 1, h // group]
+    return out
+
+
+def make_cache(rng, n_slots, n_ctx, n_kv, hd):
+    k = rng.standard_normal((n_slots, n_ctx, n_kv, hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_slots, n_ctx, n_kv, hd)).astype(np.float16).view(np.uint16)
+    return k, v
+
+
+def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None):
+    slots, positions = np.asarray(slots, np.int32), np.asarray(positions, np.int32)
+    if scratch is None:
+        scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, k_cache.shape[1]), np.float32)
+    out = np.full(q.shape, np.nan, np.float32)
+    q_before = q.copy()
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        attention(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch,
+                  out)
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_array_equal(q, q_before)  # q is read, not rounded in place
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "n_head, n_kv, hd, start, n, window",
+    [
+        (4, 1, 256, 0, 40, 0),  # gemma3-like: one KV head, keys span several blocks
+        (9, 3, 64, 50, 37, 0),  # SmolLM2-like GQA, prefill after a cached prefix
+        (6, 2, 32, 0, 150, 17),  # sliding window inside and across key blocks
+        (4, 4, 16, 3, 70, 64),  # no grouping, window equal to a key block
+        (8, 1, 8, 0, 9, 0),  # 8 heads per KV head: two 4-row passes per token
+    ],
+)
+def test_prefill_matches_reference(n_head, n_kv, hd, start, n, window, threads):
+    rng = np.random.default_rng(n_head * 100 + hd)
+    k, v = make_cache(rng, 2, start + n + 5, n_kv, hd)
+    q = rng.standard_normal((n, n_head, hd)).astype(np.float32)
+    slots, positions = np.ones(n), start + np.arange(n)
+    scale = 1.5 / np.sqrt(hd)
+    ours = run(q, k, v, slots, positions, window, scale, threads)
+    ref = reference(q, k, v, slots.astype(int), positions, window, scale)
+    np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mixed_slots_and_positions_in_one_batch(threads):
+    """Continuous batching: prefill chunks and decode rows of several slots, any order."""
+    rng = np.random.default_rng(7)
+    k, v = make_cache(rng, 4, 300, 2, 64)
+    slots = [2, 2, 2, 0, 3, 1, 1, 1, 1, 0, 2]
+    positions = [10, 11, 12, 250, 0, 70, 71, 72, 73, 5, 200]
+    q = rng.standard_normal((len(slots), 6, 64)).astype(np.float32)
+    for window in (0, 20):
+        ours = run(q, k, v, slots, positions, window, 0.125, threads)
+        ref = reference(q, k, v, slots, positions, window, 0.125)
+        np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_head, n_kv, hd, window", [(9, 3, 64, 0), (4, 1, 256, 0),
+                                                       (4, 1, 256, 512)])
+def test_long_context_decode(n_head, n_kv, hd, window, threads):
+    """One token over thousands of cached cells (on 2 threads its keys are split into
+    ranges whose partial softmaxes are merged)."""
+    rng = np.random.default_rng(hd)
+    k, v = make_cache(rng, 1, 4200, n_kv, hd)
+    q = rng.standard_normal((2, n_head, hd)).astype(np.float32)
+    for positions in ([4150], [4150, 3000]):
+        m = len(positions)
+        ours = run(q[:m], k, v, [0] * m, positions, window, 0.1, threads)
+        ref = reference(q[:m], k, v, [0] * m, positions, window, 0.1)
+        np.testing.assert_allclose(ours, ref, atol=ATOL / 4, rtol=0)
+
+
+def test_peaked_softmax_with_a_rising_max():
+    """Scores that grow along the context make the running max change in every key block,
+    and a large scale makes the weights span many orders of magnitude."""
+    rng = np.random.default_rng(3)
+    n_ctx, hd = 5 * KEY_BLOCK + 7, 32
+    ramp = np.linspace(0.0, 4.0, n_ctx)[None, :, None, None]
+    keys = (rng.standard_normal((1, n_ctx, 1, hd)) * 0.3 + ramp).astype(np.float16)
+    k = keys.view(np.uint16)
+    v = rng.standard_normal((1, n_ctx, 1, hd)).astype(np.float16).view(np.uint16)
+    q = np.abs(rng.standard_normal((n_ctx, 2, hd))).astype(np.float32)
+    positions = np.arange(n_ctx)
+    ours = run(q, k, v, np.zeros(n_ctx), positions, 0, 1.0)
+    ref = reference(q, k, v, np.zeros(n_ctx, int), positions, 0, 1.0)
+    np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
+
+
+def test_decode_alone_equals_row_of_prefill_exactly():
+    """Key blocks are aligned to absolute positions, so a token decoded alone computes the
+    same sums in the same order as inside a prefill tile (cached decode == full forward)."""
+    rng = np.random.default_rng(11)
+    k, v = make_cache(rng, 1, 200, 3, 64)
+    n = 150
+    q = rng.standard_normal((n, 9, 64)).astype(np.float32)
+    full = run(q, k, v, np.zeros(n), np.arange(n), 40, 0.125)
+    for i in (0, 3, 63, 64, 65, 100, 149):
+        alone = run(q[i : i + 1], k, v, [0], [i], 40, 0.125)
+        np.testing.assert_array_equal(alone[0], full[i])
+
+
+def test_given_scratch_is_used_and_any_size_works():
+    """`scores` rows of scratch_floats(...) floats avoid the per-call allocation; smaller
+    ones make the kernel allocate its own, with the same result."""
+    rng = np.random.default_rng(5)
+    k, v = make_cache(rng, 1, 100, 3, 64)
+    q = rng.standard_normal((20, 9, 64)).astype(np.float32)
+    args = (q, k, v, np.zeros(20), np.arange(60, 80), 0, 0.125)
+    big = np.zeros((numba.config.NUMBA_NUM_THREADS, scratch_floats(9, 3, 64, 100)), np.float32)
+    tiny = np.zeros((numba.config.NUMBA_NUM_THREADS, 1), np.float32)
+    with_scratch = run(*args, scratch=big)
+    assert np.any(big != 0)
+    np.testing.assert_array_equal(run(*args, scratch=tiny), with_scratch)
+
+
+def ggml_expf(x):
+    """ggml_v_expf (ggml-cpu/vec.h) in numpy: an f32 fma is an exact f64 product plus one
+    f64 add, rounded to f32 (double rounding cannot matter at these magnitudes)."""
+    f32, h = np.float32, lambda text: np.float32(float.fromhex(text))
+
+    def fma(a, b, c):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
+
+    shifter = h("0x1.8p23")
+    z = fma(x, h("0x1.715476p+0"), shifter)
+    n = (z - shifter).astype(f32)
+    b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
+    u = (b * b).astype(f32)
+    j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u,
+                fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))),
+            u, fma(h("0x1.ffffecp-1"), b, f32(1.0)))
+    return np.where(np.abs(n) > 192, f32(0), np.ldexp(j, n.astype(np.int32)))
+
+
+def test_expf_is_ggml_bit_for_bit():
+    """llama.cpp's softmax exponentiates with ggml_v_expf; P is rounded to F16 right after, so
+    its exact bits decide P's."""
+    rng = np.random.default_rng(0)
+    x = -np.concatenate([np.geomspace(1e-9, 87.3, 20000), rng.uniform(0, 20, 20000),
+                         [0.0]]).astype(np.float32)
+    ours = np.array([_expf(t) for t in x])
+    np.testing.assert_array_equal(ours, ggml_expf(x))
+    np.testing.assert_allclose(ours, np.exp(x.astype(np.float64)), rtol=3e-7)
+    tiny = np.array([_expf(np.float32(t)) for t in (-88.0, -100.0, -150.0, -1e30, -np.inf)])
+    assert (tiny < 2e-38).all()  # below F16's range: P rounds to 0 as with ggml's
