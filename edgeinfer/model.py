@@ -15,7 +15,7 @@ import numpy as np
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
-from edgeinfer.kernels.attention import attention, store_kv
+from edgeinfer.kernels.attention import attention, scratch_floats, store_kv
 from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import BlockWeights, Weights
 
@@ -49,7 +49,7 @@ class Workspace:
     attn: np.ndarray  # (n_batch, n_head, hd)
     gate: np.ndarray  # (n_batch, n_ff)
     up: np.ndarray  # (n_batch, n_ff)
-    scores: np.ndarray  # (n_threads, n_ctx) attention scratch
+    scores: np.ndarray  # (n_threads, scratch) attention scratch (raw scores of a tile)
     scratch: ActScratch
 
     @classmethod
@@ -67,7 +67,8 @@ class Workspace:
             v=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
             attn=np.zeros((n_batch, c.n_head, c.head_dim), f32),
             gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
-            scores=np.zeros((numba.config.NUMBA_NUM_THREADS, n_ctx), f32),
+            scores=np.zeros((numba.config.NUMBA_NUM_THREADS,
+                             scratch_floats(c.n_head, c.n_head_kv, c.head_dim, n_ctx)), f32),
             scratch=ActScratch(n_batch, n_in_max, {lin.fmt.act for lin in linears}),
         )
 
