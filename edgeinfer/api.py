@@ -52,14 +52,18 @@ class Model:
         return model
 
     def _warm_up(self, progress: Callable[[str], None]) -> None:
-        """Run a two-token forward so every kernel is compiled (or loaded from Numba's
-        on-disk cache) before the first real token; report it when it takes a while."""
+        """Run a prefill-sized and a one-token forward so every kernel variant is compiled
+        (or loaded from Numba's on-disk cache) before the first real token; report it when
+        it takes a while."""
+        from edgeinfer.kernels.ops import PARALLEL_ROWS
+
         done = threading.Event()
         errors: list[BaseException] = []
 
         def run() -> None:
             try:
-                self.logits([0, 0])
+                self.logits([0] * min(PARALLEL_ROWS, self.transformer.n_ctx), rows=[0])
+                self.logits([0])
             except BaseException as exc:  # re-raised in the caller's thread
                 errors.append(exc)
             finally:

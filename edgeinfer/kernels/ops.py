@@ -1,8 +1,8 @@
 """Element-wise and per-row kernels of the forward pass: norms, rope, activations, embedding.
 
-These are serial on purpose: they touch a few KB per token, and a Numba parallel region
-costs microseconds of fork/join per call (shared/docs/kernels.md), more than the work itself
-at decode time. Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
+They run serially below PARALLEL_ROWS rows: they touch a few KB per token, and a Numba
+parallel region costs microseconds of fork/join per call (shared/docs/kernels.md), more than
+the work itself at decode time; prefill batches split their rows across threads. Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
 including where ggml accumulates in double or rounds to F16, so our logits track
 llama.cpp's. Kernels write into `out` arguments and never allocate.
 """
@@ -12,39 +12,50 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 
+PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
+
+
+@njit(cache=True, inline="always")
+def _rms_row(x, weight, eps, out, i):
+    acc = 0.0
+    for j in range(x.shape[1]):
+        acc += np.float64(x[i, j]) * np.float64(x[i, j])
+    scale = np.float32(1.0) / np.sqrt(np.float32(acc / x.shape[1]) + np.float32(eps))
+    for j in range(x.shape[1]):
+        out[i, j] = x[i, j] * scale * weight[j]
+
+
 @njit(cache=True)
+def _rms_norm_serial(x, weight, eps, out):
+    for i in range(x.shape[0]):
+        _rms_row(x, weight, eps, out, i)
+
+
+@njit(cache=True, parallel=True)
+def _rms_norm_parallel(x, weight, eps, out):
+    for i in prange(x.shape[0]):
+        _rms_row(x, weight, eps, out, i)
+
+
 def rms_norm(x, weight, eps, out):
     """ggml_compute_forward_rms_norm_f32 then mul: squares summed in double, f32 scale.
 
-    x, out (n, dim) f32 (may alias); weight (dim,) f32.
+    x, out (n, dim) f32 (may alias); weight (dim,) f32. Also the per-head q/k norm of
+    qwen3/gemma3, given (n * n_heads, head_dim) views.
     """
-    n, dim = x.shape
-    for i in range(n):
-        acc = 0.0
-        for j in range(dim):
-            acc += np.float64(x[i, j]) * np.float64(x[i, j])
-        scale = np.float32(1.0) / np.sqrt(np.float32(acc / dim) + np.float32(eps))
-        for j in range(dim):
-            out[i, j] = x[i, j] * scale * weight[j]
+    kernel = _rms_norm_parallel if len(x) >= PARALLEL_ROWS else _rms_norm_serial
+    kernel(x, weight, eps, out)
 
 
-@njit(cache=True)
 def rms_norm_heads(x, weight, eps):
     """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
-    n, n_heads, hd = x.shape
-    for t in range(n * n_heads):
-        i, h = t // n_heads, t % n_heads
-        acc = 0.0
-        for j in range(hd):
-            acc += np.float64(x[i, h, j]) * np.float64(x[i, h, j])
-        scale = np.float32(1.0) / np.sqrt(np.float32(acc / hd) + np.float32(eps))
-        for j in range(hd):
-            x[i, h, j] = x[i, h, j] * scale * weight[j]
+    rows = x.reshape(-1, x.shape[-1])
+    rms_norm(rows, weight, eps, rows)
 
 
 def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
@@ -87,14 +98,29 @@ def rope(x, positions, cos, sin, neox):
             x[i, h, b] = x0 * s + x1 * c
 
 
+@njit(cache=True, inline="always")
+def _swiglu_row(gate, up, out, i):
+    for j in range(gate.shape[1]):
+        g = gate[i, j]
+        out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
+
+
 @njit(cache=True)
+def _swiglu_serial(gate, up, out):
+    for i in range(gate.shape[0]):
+        _swiglu_row(gate, up, out, i)
+
+
+@njit(cache=True, parallel=True)
+def _swiglu_parallel(gate, up, out):
+    for i in prange(gate.shape[0]):
+        _swiglu_row(gate, up, out, i)
+
+
 def swiglu(gate, up, out):
     """silu(gate) * up in f32 (ggml_vec_swiglu_f32). All (n, n_ff)."""
-    n, m = gate.shape
-    for i in range(n):
-        for j in range(m):
-            g = gate[i, j]
-            out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
+    kernel = _swiglu_parallel if len(gate) >= PARALLEL_ROWS else _swiglu_serial
+    kernel(gate, up, out)
 
 
 def _gelu_table() -> np.ndarray:
@@ -110,21 +136,36 @@ def _gelu_table() -> np.ndarray:
 GELU_TABLE = _gelu_table()
 
 
+@njit(cache=True, inline="always")
+def _geglu_row(gate, up, table, out, i):
+    for j in range(gate.shape[1]):
+        x = gate[i, j]
+        if x <= -10.0:
+            g = np.float32(0.0)
+        elif x >= 10.0:
+            g = x
+        else:
+            g = table[f32_to_f16_bits(x)]
+        out[i, j] = g * up[i, j]
+
+
 @njit(cache=True)
+def _geglu_serial(gate, up, table, out):
+    for i in range(gate.shape[0]):
+        _geglu_row(gate, up, table, out, i)
+
+
+@njit(cache=True, parallel=True)
+def _geglu_parallel(gate, up, table, out):
+    for i in prange(gate.shape[0]):
+        _geglu_row(gate, up, table, out, i)
+
+
 def geglu(gate, up, table, out):
     """gelu_tanh(gate) * up (ggml_vec_geglu_f32): 0 below -10, identity above 10, else
     the table entry of f16(x), times up in f32. gemma3's FFN. table = GELU_TABLE."""
-    n, m = gate.shape
-    for i in range(n):
-        for j in range(m):
-            x = gate[i, j]
-            if x <= -10.0:
-                g = np.float32(0.0)
-            elif x >= 10.0:
-                g = x
-            else:
-                g = table[f32_to_f16_bits(x)]
-            out[i, j] = g * up[i, j]
+    kernel = _geglu_parallel if len(gate) >= PARALLEL_ROWS else _geglu_serial
+    kernel(gate, up, table, out)
 
 
 @njit(cache=True)
