@@ -309,7 +309,7 @@ def test_disconnect_non_stream_frees_slot(server):
 
     def request():
         try:
-            httpx.post(server.url + "/completion", json=body, timeout=0.3)
+            httpx.post(server.url + "/completion", json=body, timeout=0.05)
         except httpx.TimeoutException:
             pass
     thread = threading.Thread(target=request)
