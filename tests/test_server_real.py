@@ -56,11 +56,8 @@ def test_chat_matches_single_sequence_generation(server, client):
     assert reply.usage.prompt_tokens == len(ids)
 
 
-# Needs batch-invariant legacy (Q4_1) kernels: a token's dot products must be summed in the
-# same order whether it runs alone or in a 4-token tile (see the server's change request to
-# edgeinfer/kernels/legacy.py, _RowDot.n_acc). The tiny-model test covers the engine itself.
-@pytest.mark.xfail(reason="Q4_1 row dots sum in a different order for 1 and 4 tokens",
-                   strict=False)
+# Needs batch-invariant kernels: a token's dot products are summed in the same order whether
+# it runs alone or in a tile (tests/test_linear.py checks it bit for bit).
 def test_concurrent_streams_match_alone(client):
     questions = ["What is the capital of France?", "Name a primary color.",
                  "What is 2 + 2?", "Say hello in Spanish.", "What do bees make?"]
