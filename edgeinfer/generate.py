@@ -66,7 +66,9 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     tf = model.transformer
     n_prompt = len(prompt)
     check_prompt(n_prompt, tf.n_ctx)
-    recent = list(prompt[-64:])
+    # The sampler's penalty window; -1 means every token so far.
+    keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
+    recent = list(prompt[len(prompt) - keep :]) if keep else []
     logits = np.zeros((1, model.config.n_vocab), dtype=np.float32)
     token, pos, slot_arr = (np.zeros(1, np.int32) for _ in range(3))
     slot_arr[0] = slot
@@ -83,9 +85,10 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
         yield next_id
         if p == tf.n_ctx:
             return
-        recent.append(next_id)
-        if len(recent) > 256:
-            del recent[:-64]
+        if keep:
+            recent.append(next_id)
+            if len(recent) > 4 * keep:  # trim now and then, not every step
+                del recent[:-keep]
         token[0], pos[0] = next_id, p
         tf.forward(token, pos, slot_arr, np.zeros(1, np.int32), logits)
 

@@ -20,6 +20,12 @@ from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import BlockWeights, Weights
 
 
+GATED_ACTIVATIONS = {  # ModelConfig.ffn_act -> out = act(gate) * up
+    "silu": ops.swiglu,
+    "gelu_tanh": lambda gate, up, out: ops.geglu(gate, up, ops.GELU_TABLE, out),
+}
+
+
 class KVCache:
     """F16 keys and values (stored as uint16 bits) for every layer and slot."""
 
@@ -164,10 +170,7 @@ class Transformer:
         gate, up = ws.gate[:n], ws.up[:n]  # (n, n_ff)
         ops.rms_norm(x, b.ffn_norm, c.norm_eps, h)
         project(h, (b.ffn_gate, b.ffn_up), (gate, up), ws.scratch)
-        if c.ffn_act == "gelu_tanh":
-            ops.geglu(gate, up, ops.GELU_TABLE, gate)
-        else:
-            ops.swiglu(gate, up, gate)
+        GATED_ACTIVATIONS[c.ffn_act](gate, up, gate)  # (n, n_ff) act(gate) * up
         project(gate, (b.ffn_down,), (o,), ws.scratch)  # (n, n_embd)
         if b.post_ffw_norm is not None:
             ops.rms_norm(o, b.post_ffw_norm, c.norm_eps, o)

@@ -63,3 +63,21 @@ def test_seeded_sampling_is_reproducible(model):
 
     assert run(3) == run(3)
     assert len({run(s) for s in range(4)}) > 1
+
+
+def test_repeat_penalty_window_longer_than_64(model):
+    """--repeat-last-n beyond 64 sees that many tokens (the history is not cut to 64)."""
+    seen = []
+
+    class Spy:
+        params = SamplingParams(temperature=0, repeat_penalty=1.1, repeat_last_n=100)
+
+        def sample(self, logits, recent):
+            seen.append(len(recent))
+            return int(logits.argmax())
+
+    big = Model.load(model.path, n_ctx=256)
+    prompt = big.tokenize("the cat " * 30)
+    assert len(prompt) > 64
+    list(stream_generate(big, prompt, Spy(), 5))
+    assert seen[0] == 100 and min(seen) >= 100  # the sampler reads the last 100 of them
