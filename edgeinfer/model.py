@@ -19,7 +19,6 @@ from edgeinfer.kernels.attention import attention, scratch_floats, store_kv
 from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import BlockWeights, Weights
 
-
 GATED_ACTIVATIONS = {  # ModelConfig.ffn_act -> out = act(gate) * up
     "silu": ops.swiglu,
     "gelu_tanh": lambda gate, up, out: ops.geglu(gate, up, ops.GELU_TABLE, out),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from gguf import GGMLQuantizationType as Q
-
 from tiny_models import write_tiny_model
 
 from edgeinfer.api import Model
