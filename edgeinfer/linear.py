@@ -38,10 +38,9 @@ class Linear:
 
 
 class ActScratch:
-    """Preallocated buffers for the activations in every vec_dot format the model uses."""
+    """Preallocated buffers for the activations, shared by every vec_dot format."""
 
-    def __init__(self, n_tokens: int, n_in_max: int, formats: set[ActFormat]):
-        self.formats = {f.name: f for f in formats}
+    def __init__(self, n_tokens: int, n_in_max: int):
         size = n_tokens * n_in_max
         self.xq = np.zeros(size, dtype=np.int8)
         self.xd = np.zeros(size // 16 + 1, dtype=np.float32)

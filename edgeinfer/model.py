@@ -74,7 +74,7 @@ class Workspace:
             gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
             scores=np.zeros((numba.config.NUMBA_NUM_THREADS,
                              scratch_floats(c.n_head, c.n_head_kv, c.head_dim, n_ctx)), f32),
-            scratch=ActScratch(n_batch, n_in_max, {lin.fmt.act for lin in linears}),
+            scratch=ActScratch(n_batch, n_in_max),
         )
 
 

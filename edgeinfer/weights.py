@@ -10,11 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from edgeinfer.arch import Arch
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_file import GGUFFile
+from edgeinfer.kernels.ops import embed_f16, embed_q8_0
 from edgeinfer.linear import Linear
 
 
@@ -47,8 +49,6 @@ class Embedding:
     table: np.ndarray  # (n_vocab, row_bytes) uint8, or (n_vocab, n_embd) float
 
     def lookup(self, tokens: np.ndarray, out: np.ndarray) -> None:
-        from edgeinfer.kernels.ops import embed_f16, embed_q8_0
-
         if self.qtype == GGMLQuantizationType.Q8_0:
             embed_q8_0(self.table, tokens, out)
         elif self.qtype == GGMLQuantizationType.F16:
@@ -58,8 +58,6 @@ class Embedding:
         elif self.qtype == GGMLQuantizationType.BF16:  # bf16 is the top half of an f32
             out[:] = (self.table[tokens].astype(np.uint32) << 16).view(np.float32)
         else:
-            from gguf.quants import dequantize
-
             out[:] = dequantize(self.table[tokens], GGMLQuantizationType(self.qtype))
 
 

@@ -22,7 +22,7 @@ def test_rows_are_bit_identical_in_any_batch(qtype):
     n_out, n_in, n_tok = 70, 512, 19
     weight = random_weight(rng, (n_out, n_in), qtype)
     lin = Linear.from_tensor("w", qtype, weight, (n_out, n_in))
-    scratch = ActScratch(n_tok, n_in, {lin.fmt.act})
+    scratch = ActScratch(n_tok, n_in)
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     full = np.zeros((n_tok, n_out), np.float32)
     project(x, (lin,), (full,), scratch)

@@ -37,10 +37,5 @@ def get_arch(name: str) -> Arch:
     return ARCHES[name]
 
 
-def supported_arches() -> list[str]:
-    _load_all()
-    return sorted(ARCHES)
-
-
 def _load_all() -> None:
     from edgeinfer.arch import gemma3, llama, phi3, qwen2, qwen3  # noqa: F401
