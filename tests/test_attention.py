@@ -182,3 +182,18 @@ def test_expf_is_ggml_bit_for_bit():
     np.testing.assert_allclose(ours, np.exp(x.astype(np.float64)), rtol=3e-7)
     tiny = np.array([_expf(np.float32(t)) for t in (-88.0, -100.0, -150.0, -1e30, -np.inf)])
     assert (tiny < 2e-38).all()  # below F16's range: P rounds to 0 as with ggml's
+
+
+def test_prefetch_is_a_hint_even_past_the_end():
+    """Prefetching never changes data and never faults, even far outside the array."""
+    from edgeinfer.kernels.prefetch import prefetch
+
+    @numba.njit
+    def touch(a):
+        for j in (0, a.shape[1] - 1, a.shape[1] + 10_000):
+            prefetch(a, 0, j, 0, 0)
+        return a.sum()
+
+    a = np.arange(2 * 8 * 3 * 4, dtype=np.uint16).reshape(2, 8, 3, 4)
+    assert touch(a) == a.sum()
+    assert len(touch.signatures) == 1  # compiled in nopython mode

@@ -33,6 +33,7 @@ from numba.extending import intrinsic, overload
 from numba.np.ufunc.parallel import _iget_num_threads
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
+from edgeinfer.kernels.prefetch import prefetch
 
 # Reassociation lets LLVM vectorize the q.k reductions (strict f32 order keeps them scalar);
 # llama.cpp's SIMD dot products reorder their sums the same way.
@@ -43,6 +44,10 @@ KEY_BLOCK = 64  # keys converted and multiplied per step; a multiple of the 4-ke
 SCORE_BUDGET = 1 << 18  # floats of raw scores a tile may keep (1 MiB: fits in L2)
 SPLIT_MIN_KEYS = 512  # a decode row's keys are split across threads in ranges at least this long
 SERIAL_MACS = 1 << 18  # calls with less work (q.k + p.v multiply-adds) run on one thread
+# A layer's KV rows are cold at each step (the weights streamed through the caches since), and
+# one KV head's rows are strided, which the hardware prefetcher follows poorly: decode attention
+# ran at a third of its warm-cache speed. The K pass asks for K and V rows this far ahead.
+PREFETCH_KEYS = 8
 
 
 def scratch_floats(n_head: int, n_head_kv: int, head_dim: int, n_ctx: int) -> int:
@@ -173,6 +178,15 @@ def _f32_impl(x):
     return None
 
 
+@njit(cache=True)
+def _prefetch_kv(k_cache, v_cache, s, j, kvh):
+    """Prefetch cache row j of KV head kvh in slot s, keys and values (64-byte lines)."""
+    if j < k_cache.shape[1]:
+        for d in range(0, k_cache.shape[3], 32):
+            prefetch(k_cache, s, j, kvh, d)
+            prefetch(v_cache, s, j, kvh, d)
+
+
 @njit(cache=True, fastmath=FAST)
 def _convert_rows(cache, s, j0, nb, kvh, dst):
     """dst[0, :nb, 0] = cache[s, j0:j0+nb, kvh] as float32."""
@@ -182,13 +196,17 @@ def _convert_rows(cache, s, j0, nb, kvh, dst):
 
 
 @njit(cache=True, fastmath=FAST)
-def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col):
+def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf):
     """sc[r, col + jj] = qt[r] . K[jj] for jj in [a, b) and rows ra..rd (repeats allowed),
     K[jj] = src[s, j0 + jj, kvh] (F16 bits or f32). 4 rows x 4 keys per pass: 16 independent
-    accumulators hide the FMA latency and each load feeds 4 FMAs."""
+    accumulators hide the FMA latency and each load feeds 4 FMAs. With pf, cache rows
+    PREFETCH_KEYS ahead in k_pf and v_pf are prefetched."""
     hd = qt.shape[1]
     jj = a
     while jj + 4 <= b:
+        if pf:
+            for r in range(4):
+                _prefetch_kv(k_pf, v_pf, s, j0 + jj + PREFETCH_KEYS + r, kvh)
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
         c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
         for d in range(hd):
@@ -318,12 +336,16 @@ def _blocks(ka, kb, part, n_part):
 
 
 @njit(cache=True, fastmath=FAST)
-def _tile_scores(qt, k_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb, blk_lo,
-                 blk_hi, sc):
+def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
+                 blk_lo, blk_hi, sc):
     """Raw dots of the tile rows with the keys they see in blocks [blk_lo, blk_hi), into
     sc[r, key - ka]. A tile of <= 4 rows uses each key once: it reads the cache directly;
-    bigger tiles convert each block to f32 once."""
+    bigger tiles convert each block to f32 once. Direct tiles prefetch their K and V rows."""
     direct = nt * group <= 4
+    if direct:
+        j = max(blk_lo * KEY_BLOCK, ka)
+        for jj in range(j, min(j + PREFETCH_KEYS, kb)):
+            _prefetch_kv(k_cache, v_cache, s, jj, kvh)
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         if not direct:
@@ -335,9 +357,11 @@ def _tile_scores(qt, k_cache, kf, s, kvh, positions, i0, nt, group, window, ka, 
             for r in range(t * group, t1 * group, 4):
                 rb, rc, rd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
                 if direct:
-                    _scores4(qt, k_cache, s, j0, kvh, r, rb, rc, rd, a, b, sc, j0 - ka)
+                    _scores4(qt, k_cache, s, j0, kvh, r, rb, rc, rd, a, b, sc, j0 - ka,
+                             k_cache, v_cache, True)
                 else:
-                    _scores4(qt, kf, 0, 0, 0, r, rb, rc, rd, a, b, sc, j0 - ka)
+                    _scores4(qt, kf, 0, 0, 0, r, rb, rc, rd, a, b, sc, j0 - ka, k_cache,
+                             v_cache, False)
             t = t1
 
 
@@ -399,8 +423,8 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
         s, nt = slots[i], i1 - i
         ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt)
         blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
-        _tile_scores(qt, k_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb, blk_lo,
-                     blk_hi, sc)
+        _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
+                     blk_lo, blk_hi, sc)
         _tile_softmax(sc, scale, positions, i, group, window, ka, 0, nt * group)
         _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
                      blk_lo, blk_hi)
@@ -445,8 +469,9 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out)
             qt, _, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
             ka, kb = _tile_setup(q, positions, i, 1, kvh, group, window, qt)
             blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-            _tile_scores(qt, k_cache, kf, slots[i], kvh, positions, i, 1, group, window, ka,
-                         kb, blk_lo, blk_hi, sc_all[i, kvh * group : kvh * group + group])
+            _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, 1, group,
+                         window, ka, kb, blk_lo, blk_hi,
+                         sc_all[i, kvh * group : kvh * group + group])
         for w in prange(n * n_head):
             i = w // n_head
             lo, hi = _key_range(positions[i], window)
