@@ -8,6 +8,7 @@ batching stands on it. All buffers and the F16 KV cache are allocated once, at l
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +31,8 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, n_ctx: int, n_slots: int):
         shape = (config.n_layer, n_slots, n_ctx, config.n_head_kv, config.head_dim)
-        self.k = np.zeros(shape, dtype=np.uint16)  # (n_layer, n_slots, n_ctx, n_kv, hd)
-        self.v = np.zeros(shape, dtype=np.uint16)
+        self.k = _lazy_zeros(shape, np.uint16)  # (n_layer, n_slots, n_ctx, n_kv, hd)
+        self.v = _lazy_zeros(shape, np.uint16)
         self.n_ctx, self.n_slots = n_ctx, n_slots
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
@@ -39,6 +40,20 @@ class KVCache:
         if src != dst:
             self.k[:, dst, :n_tokens] = self.k[:, src, :n_tokens]
             self.v[:, dst, :n_tokens] = self.v[:, src, :n_tokens]
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros whose memory becomes resident 4 KiB at a time, as tokens are written. numpy
+    asks for 2 MiB transparent huge pages on large arrays, and a cache whose layers each take
+    the first few rows of their own huge page made a short run resident in all of them
+    (+86 MB for SmolLM2 at 4096 tokens). Attention speed is the same with small pages."""
+    n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if n_bytes == 0:
+        return np.zeros(shape, dtype)
+    buf = mmap.mmap(-1, n_bytes)  # anonymous, zero-filled on first touch
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; other systems have no THP to avoid
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 @dataclass
