@@ -122,3 +122,29 @@ def test_mistral_sliding_window_key_is_ignored_like_llama_cpp(model_dir, tmp_pat
     ref = reference.forward(str(path), TOKENS)
     assert model.config.sliding_window == 0
     assert rel_err(model.logits(TOKENS), ref).max() < 5e-3
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_load_restores_the_collector_state(model_dir, enabled):
+    """Model.load pauses the garbage collector while it builds (speed) and must leave it as
+    the caller had it."""
+    import gc
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        load(model_dir, "llama", Q.F32)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_kv_cache_is_zeroed_writable_and_lazily_backed():
+    from edgeinfer.model import _lazy_zeros
+
+    a = _lazy_zeros((3, 2, 1000, 4, 64), np.uint16)
+    assert a.shape == (3, 2, 1000, 4, 64) and a.flags.writeable and a.flags.c_contiguous
+    assert not a.any()
+    a[2, 1, 999] = 7
+    assert a.sum() == 7 * 4 * 64
+    assert _lazy_zeros((0, 4), np.uint16).shape == (0, 4)

@@ -11,7 +11,7 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     from rich.console import Console
     from rich.table import Table
 
-    from edgeinfer.api import Model, set_threads
+    from edgeinfer.api import Model, set_threads, settle_heap
     from edgeinfer.bench import run_bench
     from edgeinfer.commands.progress import status
     from edgeinfer.pull import resolve_model
@@ -20,6 +20,7 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     with status(f"loading {path.name}") as update:
         loaded = Model.load(path, n_ctx=n_ctx or max(512, n_prompt + n_gen), threads=threads,
                             progress=update)
+    settle_heap()
     rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads))
     if as_json:
         sys.stdout.write(json.dumps([r.as_json() for r in rows], indent=2) + "\n")

@@ -44,9 +44,10 @@ def run_command(opts: RunOptions) -> None:
     with byte_progress(opts.quiet) as report:
         path = resolve_model(opts.model, report)
     with status(f"loading {path.name}", opts.quiet) as update:
-        from edgeinfer.api import Model
+        from edgeinfer.api import Model, settle_heap
 
         model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update)
+        settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
     event = None
     for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop):
