@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,37 +52,20 @@ class Model:
         n_ctx = n_ctx or min(DEFAULT_CTX, config.n_ctx_train)
         if n_ctx < 8:
             raise EdgeInferError(f"context size {n_ctx} is too small")
-        transformer = Transformer(config, weights, n_ctx, n_slots, n_batch)
-        model = cls(Path(path), config, tokenizer, transformer,
-                    meta.get("tokenizer.chat_template"))
-        model._warm_up(progress or (lambda message: None))
+        with reporting_compiles(progress or (lambda message: None)):
+            transformer = Transformer(config, weights, n_ctx, n_slots, n_batch)
+            model = cls(Path(path), config, tokenizer, transformer,
+                        meta.get("tokenizer.chat_template"))
+            model._warm_up()
         return model
 
-    def _warm_up(self, progress: Callable[[str], None]) -> None:
+    def _warm_up(self) -> None:
         """Run a prefill-sized and a one-token forward so every kernel variant is compiled
-        (or loaded from Numba's on-disk cache) before the first real token; report it when
-        it takes a while."""
+        (or loaded from Numba's on-disk cache) before the first real token."""
         from edgeinfer.kernels.ops import PARALLEL_ROWS
 
-        done = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self.logits([0] * min(PARALLEL_ROWS, self.transformer.n_ctx), rows=[0])
-                self.logits([0])
-            except BaseException as exc:  # re-raised in the caller's thread
-                errors.append(exc)
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=run, daemon=True)
-        worker.start()
-        if not done.wait(0.5):
-            progress("compiling kernels (first run only; cached afterwards)")
-        worker.join()
-        if errors:
-            raise errors[0]
+        self.logits([0] * min(PARALLEL_ROWS, self.transformer.n_ctx), rows=[0])
+        self.logits([0])
 
     # -- tokens ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -136,6 +119,51 @@ class Model:
         for event in stream_generate(self, ids, sampler, max_tokens, stop):
             if event.text:
                 yield event.text
+
+
+COMPILING = "compiling kernels (first run only; cached afterwards)"
+
+
+@contextmanager
+def reporting_compiles(progress: Callable[[str], None]):
+    """Name each kernel as Numba compiles it, then say how long compiling took. Numba raises
+    its "numba:compile" event (numba.core.event) only on a cache miss, so a warm start says
+    nothing. Messages read COMPILING + ": module.kernel"."""
+    from numba.core import event
+
+    class CompileReporter(event.Listener):
+        count, t_start = 0, 0.0
+
+        def on_start(self, ev) -> None:
+            if not self.count:
+                self.t_start = time.perf_counter()
+            self.count += 1
+            fn = ev.data["dispatcher"].py_func
+            progress(f"{COMPILING}: {fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}")
+
+        def on_end(self, ev) -> None:
+            pass
+
+    with event.install_listener("numba:compile", CompileReporter()) as listener:
+        yield
+    if listener.count:
+        n = listener.count
+        progress(f"compiled {n} kernel{'s' if n != 1 else ''} in "
+                 f"{time.perf_counter() - listener.t_start:.1f} s (cached for next runs)")
+
+
+def distinct_stages(write: Callable[[str], None]) -> Callable[[str], None]:
+    """For logs and pipes: pass a message on only when its stage (the text before ': ')
+    changed, so the compile messages make one line, not one per kernel."""
+    last = [None]
+
+    def report(message: str) -> None:
+        stage = message.split(": ", 1)[0]
+        if stage != last[0]:
+            last[0] = stage
+            write(message)
+
+    return report
 
 
 @contextmanager

@@ -148,3 +148,30 @@ def test_kv_cache_is_zeroed_writable_and_lazily_backed():
     a[2, 1, 999] = 7
     assert a.sum() == 7 * 4 * 64
     assert _lazy_zeros((0, 4), np.uint16).shape == (0, 4)
+
+
+def test_compiles_are_named_as_they_happen_and_summed_up():
+    """A cache miss is reported with the kernel's name, then one summary; a kernel already
+    compiled says nothing (the warm-start case)."""
+    import numba
+
+    from edgeinfer.api import COMPILING, distinct_stages, reporting_compiles
+
+    @numba.njit
+    def fresh_kernel(x):
+        return x + 1
+
+    messages = []
+    with reporting_compiles(messages.append):
+        fresh_kernel(1)
+    assert messages[0] == f"{COMPILING}: test_model.fresh_kernel"
+    assert messages[-1].startswith("compiled 1 kernel in ")
+    messages.clear()
+    with reporting_compiles(messages.append):
+        fresh_kernel(2)
+    assert messages == []
+    lines = []
+    report = distinct_stages(lines.append)
+    for m in (f"{COMPILING}: a.x", f"{COMPILING}: b.y", "compiled 2 kernels in 1.0 s"):
+        report(m)
+    assert lines == [f"{COMPILING}: a.x", "compiled 2 kernels in 1.0 s"]

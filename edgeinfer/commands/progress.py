@@ -52,11 +52,13 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
         yield lambda text: None
         return
     if not stderr.is_terminal:
+        from edgeinfer.api import distinct_stages
+
         def line(text: str) -> None:
             sys.stderr.write(f"{text}\n")
             sys.stderr.flush()
 
-        yield line
+        yield distinct_stages(line)
         return
     with stderr.status(message) as spinner:
         yield lambda text: spinner.update(text)

@@ -193,11 +193,11 @@ class Engine(threading.Thread):
                 self._fail_all(ApiError(500, f"internal error: {exc}"))
 
     def _load(self) -> None:
-        from edgeinfer.api import Model, settle_heap
+        from edgeinfer.api import Model, distinct_stages, settle_heap
 
         t0 = time.perf_counter()
         self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
-                                n_slots=self.n_slots, progress=log.info)
+                                n_slots=self.n_slots, progress=distinct_stages(log.info))
         settle_heap()
         tf = self.model.transformer
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
