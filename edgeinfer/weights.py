@@ -151,7 +151,9 @@ def _load_block(ld: _Loader, arch: Arch, il: int) -> BlockWeights:
         fused = ld.linear(f"{p}ffn_up.weight", 2 * cfg.n_ff)
         gate = fused.rows(0, cfg.n_ff, f"{p}ffn_gate")
         up = fused.rows(cfg.n_ff, 2 * cfg.n_ff, f"{p}ffn_up")
-    opt = lambda name: ld.vector(f"{p}{name}", required=False)
+    def opt(name):
+        return ld.vector(f"{p}{name}", required=False)
+
     return BlockWeights(
         attn_norm=ld.vector(f"{p}attn_norm.weight"),
         attn_q=q, attn_k=k, attn_v=v,

@@ -66,7 +66,9 @@ def forward(path, tokens, use_window: bool = True) -> np.ndarray:
     """Logits (n, n_vocab) float64 for tokens at positions 0..n-1 of a fresh context."""
     meta, T = load(path)
     arch = meta["general.architecture"]
-    k = lambda name, default=None: meta.get(f"{arch}.{name}", default)
+    def k(name, default=None):
+        return meta.get(f"{arch}.{name}", default)
+
     n_embd, n_layer = k("embedding_length"), k("block_count")
     n_head = k("attention.head_count")
     n_kv = k("attention.head_count_kv", n_head)
@@ -83,7 +85,9 @@ def forward(path, tokens, use_window: bool = True) -> np.ndarray:
         x = x * float(np.sqrt(np.float32(n_embd)))
     for il in range(n_layer):
         p = f"blk.{il}."
-        g = lambda name: T.get(p + name)
+        def g(name, p=p):
+            return T.get(p + name)
+
         a = rms(x, g("attn_norm.weight"), eps)
         if g("attn_qkv.weight") is not None:
             qkv = a @ g("attn_qkv.weight").T

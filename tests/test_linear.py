@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-
 from tiny_models import random_weight
 
 from edgeinfer.linear import ActScratch, Linear, project

@@ -16,7 +16,6 @@ from numba import njit, prange
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
-
 PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
 
 

@@ -2,7 +2,7 @@
 
 On this machine kind the hardware prefetcher alone leaves strided or short streams (a KV head's
 rows of the cache, small quant blocks) well below DRAM bandwidth: too few misses are in flight.
-`prefetch(arr, i, j, k, l)` asks for the cache line holding arr[i, j, k, l] (4-D arrays); x86
+`prefetch(arr, i0, i1, i2, i3)` asks for the cache line holding arr[i0, i1, i2, i3] (4-D arrays); x86
 and ARM prefetches never fault, so addresses past the end are harmless.
 """
 
@@ -17,11 +17,11 @@ _I32 = ir.IntType(32)
 
 
 @intrinsic
-def prefetch(typingctx, arr, i, j, k, l):
-    """Prefetch (read, keep in all levels) the line of arr[i, j, k, l]."""
+def prefetch(typingctx, arr, i0, i1, i2, i3):
+    """Prefetch (read, keep in all levels) the line of arr[i0, i1, i2, i3]."""
     if not isinstance(arr, types.Array) or arr.ndim != 4:
         return None
-    sig = types.void(arr, i, j, k, l)
+    sig = types.void(arr, i0, i1, i2, i3)
 
     def codegen(context, builder, signature, args):
         aryty = signature.args[0]
