@@ -60,5 +60,12 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
 
         yield distinct_stages(line)
         return
+    from edgeinfer.api import COMPILED
+
     with stderr.status(message) as spinner:
-        yield lambda text: spinner.update(text)
+        def update(text: str) -> None:
+            if text.startswith(COMPILED + " "):  # a result worth keeping, not a state
+                stderr.print(text)
+            spinner.update(text)
+
+        yield update
