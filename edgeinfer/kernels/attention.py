@@ -45,8 +45,10 @@ SCORE_BUDGET = 1 << 18  # floats of raw scores a tile may keep (1 MiB: fits in L
 SPLIT_MIN_KEYS = 512  # a decode row's keys are split across threads in ranges at least this long
 SERIAL_MACS = 1 << 18  # calls with less work (q.k + p.v multiply-adds) run on one thread
 # A layer's KV rows are cold at each step (the weights streamed through the caches since), and
-# one KV head's rows are strided, which the hardware prefetcher follows poorly: decode attention
-# ran at a third of its warm-cache speed. The K pass asks for K and V rows this far ahead.
+# one KV head's rows are strided, which the hardware prefetcher follows poorly: 8-sequence
+# decode attention took 1.4-1.8x as long without. The K pass asks for K and V rows this far
+# ahead, so the V pass finds them in cache. (Prefetching again in the V pass, for rows so long
+# that their values leave the cache before the pass, cost a quarter more at 150 keys.)
 PREFETCH_KEYS = 8
 
 
@@ -179,10 +181,10 @@ def _f32_impl(x):
 
 
 @njit(cache=True)
-def _prefetch_kv(k_cache, v_cache, s, j, kvh):
-    """Prefetch cache row j of KV head kvh in slot s, keys and values (64-byte lines)."""
-    if j < k_cache.shape[1]:
-        for d in range(0, k_cache.shape[3], 32):
+def _prefetch_kv(k_cache, v_cache, s, j, kvh, end):
+    """Prefetch cache row j < end of KV head kvh in slot s, keys and values (64-byte lines)."""
+    if j < end:
+        for d in range(0, k_cache.shape[3], 64 // k_cache.itemsize):
             prefetch(k_cache, s, j, kvh, d)
             prefetch(v_cache, s, j, kvh, d)
 
@@ -196,17 +198,16 @@ def _convert_rows(cache, s, j0, nb, kvh, dst):
 
 
 @njit(cache=True, fastmath=FAST)
-def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf):
+def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf_end):
     """sc[r, col + jj] = qt[r] . K[jj] for jj in [a, b) and rows ra..rd (repeats allowed),
     K[jj] = src[s, j0 + jj, kvh] (F16 bits or f32). 4 rows x 4 keys per pass: 16 independent
-    accumulators hide the FMA latency and each load feeds 4 FMAs. With pf, cache rows
-    PREFETCH_KEYS ahead in k_pf and v_pf are prefetched."""
+    accumulators hide the FMA latency and each load feeds 4 FMAs. Cache rows PREFETCH_KEYS
+    ahead (and before pf_end, 0: none) in k_pf and v_pf are prefetched."""
     hd = qt.shape[1]
     jj = a
     while jj + 4 <= b:
-        if pf:
-            for r in range(4):
-                _prefetch_kv(k_pf, v_pf, s, j0 + jj + PREFETCH_KEYS + r, kvh)
+        for r in range(4 if pf_end > 0 else 0):
+            _prefetch_kv(k_pf, v_pf, s, j0 + jj + PREFETCH_KEYS + r, kvh, pf_end)
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
         c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
         for d in range(hd):
@@ -340,15 +341,17 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
                  blk_lo, blk_hi, sc):
     """Raw dots of the tile rows with the keys they see in blocks [blk_lo, blk_hi), into
     sc[r, key - ka]. A tile of <= 4 rows uses each key once: it reads the cache directly;
-    bigger tiles convert each block to f32 once. Direct tiles prefetch their K and V rows."""
+    bigger tiles convert each block to f32 once. Both prefetch K and V rows ahead."""
     direct = nt * group <= 4
-    if direct:
-        j = max(blk_lo * KEY_BLOCK, ka)
-        for jj in range(j, min(j + PREFETCH_KEYS, kb)):
-            _prefetch_kv(k_cache, v_cache, s, jj, kvh)
+    end = min(blk_hi * KEY_BLOCK, kb)
+    j = max(blk_lo * KEY_BLOCK, ka)
+    for jj in range(j, min(j + PREFETCH_KEYS, end)):  # the loops below ask further ahead
+        _prefetch_kv(k_cache, v_cache, s, jj, kvh, end)
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         if not direct:
+            for jj in range(j0, j1):
+                _prefetch_kv(k_cache, v_cache, s, jj + PREFETCH_KEYS, kvh, end)
             _convert_rows(k_cache, s, j0, j1 - j0, kvh, kf)
         t = 0
         while t < nt:
@@ -358,10 +361,10 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
                 rb, rc, rd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
                 if direct:
                     _scores4(qt, k_cache, s, j0, kvh, r, rb, rc, rd, a, b, sc, j0 - ka,
-                             k_cache, v_cache, True)
+                             k_cache, v_cache, end)
                 else:
                     _scores4(qt, kf, 0, 0, 0, r, rb, rc, rd, a, b, sc, j0 - ka, k_cache,
-                             v_cache, False)
+                             v_cache, 0)
             t = t1
 
 
