@@ -22,7 +22,8 @@ from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers 
 from edgeinfer.kernels.registry import QUANT_FORMATS
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
-SHAPES = [(1, 32), (7, 96), (16, 576), (33, 1536)]  # (n_out, n_in): odd and even n_out
+SHAPES = [(1, 32), (2, 32), (7, 96), (16, 576), (33, 1536), (40, 64)]  # (n_out, n_in): tiles,
+# chunks (16-18 rows: 40 makes a short chunk and a last tile moved back) and odd counts
 N_TOK = [1, 3, 17, 64]
 # loose bound on ||out - W x|| / ||W x||: activation rounding only (weights are exact here)
 LOOSE = {"f32": 1e-6, "f16": 2e-3, "bf16": 1e-2, "q8_0": 2e-2, "q8_1": 2e-2}

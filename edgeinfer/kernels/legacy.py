@@ -17,11 +17,12 @@ else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on e
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 
-Tiling: one intrinsic call computes a register tile of 2-3 rows (TILE_ROWS) x 8 tokens (prefill,
-batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8 tokens,
-each activation block loaded once per 2 rows, and the 16 accumulators stay in registers for
-the whole row. Parallelism: `prange` over chunks of TILES_PER_CHUNK tiles, whose weights stay
-in L1 while the tokens stream past; products under SERIAL_WORK run on the calling thread.
+Tiling: one intrinsic call computes a register tile of 2 or 3 rows (TILE_ROWS) x 8 tokens
+(prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
+tokens, each activation block loaded once per tile's rows, and the 16 or 24 accumulators stay
+in registers for the whole row. Parallelism: `prange` over chunks of about ROWS_PER_CHUNK
+rows, whose weights stay in L1 while the tokens stream past; products under SERIAL_WORK run
+on the calling thread.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ class _Tile:
 
     Per step of BLOCKS_PER_STEP blocks, each of the R weight blocks is decoded once for the
     T tokens and each token's activations are loaded once for the R rows; the R*T vector
-    accumulators stay in registers for the whole row (R*T <= 16 of the 32 zmm registers).
+    accumulators stay in registers for the whole row (R*T <= 24 of the 32 zmm registers).
     With VNNI the weights are unsigned (value + bias): dot(u, x) - bias*sum(x), the sum
     taken once per token and block by one more vpdpbusd against ones, and the correction
     seeded into the accumulator of the vpdpbusd itself; all exact integers."""
@@ -392,12 +393,15 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 
 # ---- kernels: one per type, made by one factory
 
-# Register tile rows (x up to 8 tokens): 3 rows = 24 accumulators amortize each token's
-# activation load and bias correction over more rows (Q5_0 prefill +38%, Q8_0 +22% on
-# AVX-512); the `_1` formats keep 2, since their per-row minimum vectors would not fit in
-# the 32 registers beside 24 accumulators (Q4_1 -9% with 3).
-TILE_ROWS = {int(T.Q8_0): 3, int(T.Q4_0): 3, int(T.Q5_0): 3, int(T.Q4_1): 2, int(T.Q5_1): 2}
-TILES_PER_CHUNK = 6  # output rows per prange task = 6 tiles (the last takes the rest): in L1
+# Register tile rows (x up to 8 tokens). With AVX-512's 32 zmm registers, 3 rows (24
+# accumulators) amortize each token's activation load and bias correction over more rows:
+# prefill GFLOP/s +38% for Q5_0, +22% for Q8_0. The `_1` formats keep 2 there, as their
+# per-row minimum vectors do not fit beside 24 accumulators (Q4_1 -9% with 3). AVX2 and NEON
+# have 16 vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
+_WIDE_TILES = BLOCKS_PER_STEP == 2
+TILE_ROWS = {int(T.Q8_0): 3 if _WIDE_TILES else 2, int(T.Q4_0): 3 if _WIDE_TILES else 2,
+             int(T.Q5_0): 3 if _WIDE_TILES else 2, int(T.Q4_1): 2, int(T.Q5_1): 2}
+ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
 SERIAL_WORK = 64 * 1024
@@ -418,6 +422,11 @@ def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
 
 
 @njit(cache=True)
+def _chunk_rows(rows):
+    return (ROWS_PER_CHUNK + rows - 1) // rows * rows
+
+
+@njit(cache=True)
 def _chunk(code, rows, w, xq, xd, xs, out, c) -> None:
     """Output rows of chunk c for every token, in tiles of `rows` rows x 8 tokens (prefill,
     batches of 8+), else 4, 2 or 1, so a weight block is decoded once for as many tokens as
@@ -425,7 +434,7 @@ def _chunk(code, rows, w, xq, xd, xs, out, c) -> None:
     literally(code)
     literally(rows)
     n_tok, n_out = out.shape
-    chunk_rows = rows * TILES_PER_CHUNK
+    chunk_rows = _chunk_rows(rows)
     r0 = c * chunk_rows
     r1 = n_out if r0 + 2 * chunk_rows > n_out else r0 + chunk_rows
     if r1 - r0 < rows:  # fewer rows than a tile
@@ -447,7 +456,7 @@ def _make_matmul(qtype: T):
 
     def matmul(w, xq, xd, xs, xf, out) -> None:  # xf unused: uniform kernel signature
         n_tok, n_out = out.shape
-        n_chunks = max(n_out // (rows * TILES_PER_CHUNK), 1)
+        n_chunks = max(n_out // _chunk_rows(rows), 1)
         if w.shape[1] * n_out * n_tok < SERIAL_WORK:  # no fork/join for a small product
             for c in range(n_chunks):
                 _chunk(code, rows, w, xq, xd, xs, out, np.int64(c))
@@ -487,7 +496,7 @@ def _weight_to_f32(typingctx, v):
     return types.float32(v), codegen
 
 
-FLOAT_ROWS_PER_CHUNK = 16
+FLOAT_ROWS_PER_CHUNK = 16  # output rows per prange task of the float kernel
 _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD dot products
 
 
