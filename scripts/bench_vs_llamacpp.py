@@ -25,7 +25,8 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = textwrap.dedent("""
     import json, sys, time, random
     from llama_cpp import Llama
-    path, n_prompt, n_gen, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    path, n_prompt, n_gen, threads = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                      int(sys.argv[4]))
     llm = Llama(model_path=path, n_ctx=max(512, n_prompt + n_gen), n_threads=threads,
                 n_threads_batch=threads, n_batch=512, n_ubatch=512, verbose=False)
     vocab = llm.n_vocab()

@@ -2,7 +2,8 @@
 
 They run serially below PARALLEL_ROWS rows: they touch a few KB per token, and a Numba
 parallel region costs microseconds of fork/join per call (shared/docs/kernels.md), more than
-the work itself at decode time; prefill batches split their rows across threads. Each mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
+the work itself at decode time; prefill batches split their rows across threads. Each
+mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
 including where ggml accumulates in double or rounds to F16, so our logits track
 llama.cpp's. Kernels write into `out` arguments and never allocate.
 """

@@ -240,4 +240,5 @@ def parse_chat(body: dict) -> ChatRequest:
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object")
     params = replace(gen_params(body, n_probs), logprobs=logprobs)
-    return ChatRequest(parse_messages(body.get("messages")), params, logprobs, _boolean(body, "add_generation_prompt", True), kwargs)
+    return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
+                       _boolean(body, "add_generation_prompt", True), kwargs)
