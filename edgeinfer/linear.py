@@ -46,25 +46,33 @@ class ActScratch:
         self.xd = np.zeros(size // 16 + 1, dtype=np.float32)
         self.xs = np.zeros(size // 16 + 1, dtype=np.float32)
         self.xf = np.zeros(size, dtype=np.float32)
+        self._views: dict[tuple[str, int, int], tuple] = {}
 
-    def views(self, act: ActFormat, n: int, n_in: int):
-        """C-contiguous (n, ...) views of the flat buffers, so kernels see dense arrays."""
-        nd = n_in // act.block if act.block > 1 else 1
-        ns = n_in // act.sum_block if act.sum_block else 1
-        return (self.xq[: n * n_in].reshape(n, n_in), self.xd[: n * nd].reshape(n, nd),
-                self.xs[: n * ns].reshape(n, ns), self.xf[: n * n_in].reshape(n, n_in))
+    def views(self, act: ActFormat, n: int, n_in: int) -> tuple:
+        """C-contiguous (n, ...) views of the flat buffers, so kernels see dense arrays; made
+        once per (format, n, n_in): a decode step asks for the same few hundreds of times."""
+        key = (act.name, n, n_in)
+        bufs = self._views.get(key)
+        if bufs is None:
+            nd = n_in // act.block if act.block > 1 else 1
+            ns = n_in // act.sum_block if act.sum_block else 1
+            bufs = (self.xq[: n * n_in].reshape(n, n_in), self.xd[: n * nd].reshape(n, nd),
+                    self.xs[: n * ns].reshape(n, ns), self.xf[: n * n_in].reshape(n, n_in))
+            self._views[key] = bufs
+        return bufs
 
 
 def project(x: np.ndarray, linears: tuple[Linear, ...], outs: tuple[np.ndarray, ...],
             scratch: ActScratch) -> None:
-    """outs[i] = x @ linears[i].T; x (n, n_in) f32 contiguous, outs[i] (n, n_out_i) f32."""
+    """outs[i] = x @ linears[i].T; x (n, n_in) f32 contiguous, outs[i] (n, n_out_i) f32.
+    x is converted once per run of weights sharing an activation format (all formats share
+    the scratch buffers, so a change of format converts again)."""
     n, n_in = x.shape
-    done: dict[str, tuple] = {}
+    current = None  # the format the scratch buffers hold x in
     for lin, out in zip(linears, outs):
         act = lin.fmt.act
-        bufs = done.get(act.name)
-        if bufs is None:
-            bufs = scratch.views(act, n, n_in)
+        bufs = scratch.views(act, n, n_in)
+        if act is not current:
             act.quantize(x, *bufs)
-            done[act.name] = bufs
+            current = act
         lin.fmt.matmul(lin.weight, *bufs, out)

@@ -30,3 +30,21 @@ def test_rows_are_bit_identical_in_any_batch(qtype):
         for start in range(0, n_tok - size + 1, 3):
             project(np.ascontiguousarray(x[start : start + size]), (lin,), (part,), scratch)
             np.testing.assert_array_equal(part, full[start : start + size])
+
+
+def test_shared_input_with_alternating_activation_formats():
+    """project() converts x once per run of weights sharing an activation format; the
+    formats share scratch buffers, so Q8_0, then Q8_K (Q4_K), then Q8_0 again must each see
+    x in their own format: the result equals each product on its own."""
+    rng = np.random.default_rng(7)
+    n_in, n_tok = 512, 5
+    lins = [Linear.from_tensor(f"w{i}", q, random_weight(rng, (n_out, n_in), q), (n_out, n_in))
+            for i, (q, n_out) in enumerate([(Q.Q8_0, 24), (Q.Q4_K, 16), (Q.Q5_0, 32)])]
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    scratch = ActScratch(n_tok, n_in)
+    together = [np.zeros((n_tok, lin.n_out), np.float32) for lin in lins]
+    project(x, tuple(lins), tuple(together), scratch)
+    for lin, out in zip(lins, together):
+        alone = np.zeros_like(out)
+        project(x, (lin,), (alone,), ActScratch(n_tok, n_in))
+        np.testing.assert_array_equal(out, alone)
