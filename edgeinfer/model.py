@@ -9,7 +9,7 @@ batching stands on it. All buffers and the F16 KV cache are allocated once, at l
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,9 +62,29 @@ def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype).reshape(shape)
 
 
+@dataclass(frozen=True)
+class BatchViews:
+    """The workspace cut to a batch of n tokens."""
+
+    x: np.ndarray  # (n, n_embd) residual stream
+    h: np.ndarray  # (n, n_embd) normed input of a sub-block
+    o: np.ndarray  # (n, n_embd) sub-block output
+    q: np.ndarray  # (n, n_head, hd)
+    k: np.ndarray  # (n, n_kv, hd)
+    v: np.ndarray  # (n, n_kv, hd)
+    attn: np.ndarray  # (n, n_head, hd)
+    q_rows: np.ndarray  # (n, n_head * hd): q as the q projection's output rows
+    k_rows: np.ndarray  # (n, n_kv * hd)
+    v_rows: np.ndarray  # (n, n_kv * hd)
+    attn_rows: np.ndarray  # (n, n_head * hd): attn as attn_output's input rows
+    gate: np.ndarray  # (n, n_ff)
+    up: np.ndarray  # (n, n_ff)
+
+
 @dataclass
 class Workspace:
-    """Activation buffers for up to n_batch tokens; views of them are used per call."""
+    """Activation buffers for up to n_batch tokens, and their views per batch size (made
+    once: a decode step would otherwise re-slice them a few hundred times)."""
 
     x: np.ndarray  # (n_batch, n_embd) residual stream
     h: np.ndarray  # (n_batch, n_embd) normed input of a sub-block
@@ -77,6 +97,18 @@ class Workspace:
     up: np.ndarray  # (n_batch, n_ff)
     scores: np.ndarray  # (n_threads, scratch) attention scratch (raw scores of a tile)
     scratch: ActScratch
+    _views: dict[int, BatchViews] = field(default_factory=dict)
+
+    def views(self, n: int) -> BatchViews:
+        bv = self._views.get(n)
+        if bv is None:
+            q, k, v, attn = self.q[:n], self.k[:n], self.v[:n], self.attn[:n]
+            bv = BatchViews(
+                x=self.x[:n], h=self.h[:n], o=self.o[:n], q=q, k=k, v=v, attn=attn,
+                q_rows=q.reshape(n, -1), k_rows=k.reshape(n, -1), v_rows=v.reshape(n, -1),
+                attn_rows=attn.reshape(n, -1), gate=self.gate[:n], up=self.up[:n])
+            self._views[n] = bv
+        return bv
 
     @classmethod
     def allocate(cls, c: ModelConfig, weights: Weights, n_batch: int, n_ctx: int):
@@ -114,6 +146,9 @@ class Transformer:
         self.rope_global = ops.rope_table(n_ctx, n_rot, config.rope_base,
                                           config.rope_freq_scale, weights.rope_freqs)
         self.rope_local = ops.rope_table(n_ctx, n_rot, config.rope_base_swa, 1.0)
+        cache = self.kv_cache
+        self.kv_layers = [(cache.k[il], cache.v[il]) for il in range(config.n_layer)]
+        self.score_scale = np.float32(1.0 if config.q_prescale else config.attn_scale)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                 logit_rows: np.ndarray, logits: np.ndarray) -> None:
@@ -134,64 +169,60 @@ class Transformer:
             done += m
 
     def _forward_chunk(self, tokens, positions, slots, rows, logits) -> None:
-        c, w, ws, n = self.config, self.weights, self.ws, len(tokens)
-        x = ws.x[:n]  # (n, n_embd)
-        w.token_embd.lookup(tokens, x)
+        c, w, ws = self.config, self.weights, self.ws
+        bv = ws.views(len(tokens))
+        w.token_embd.lookup(tokens, bv.x)  # (n, n_embd)
         if c.embd_scale != 1.0:
-            ops.scale_inplace(x, c.embd_scale)
+            ops.scale_inplace(bv.x, c.embd_scale)
         for il, block in enumerate(w.blocks):
-            self._attention_block(il, block, x, positions, slots)
-            self._ffn_block(block, x)
+            self._attention_block(il, block, bv, positions, slots)
+            self._ffn_block(block, bv)
         if len(rows) == 0:
             return
         h = ws.h[: len(rows)]  # (m, n_embd)
-        ops.rms_norm(np.ascontiguousarray(x[rows]), w.output_norm, c.norm_eps, h)
+        ops.rms_norm(np.ascontiguousarray(bv.x[rows]), w.output_norm, c.norm_eps, h)
         project(h, (w.output,), (logits,), ws.scratch)  # (m, n_vocab)
         if w.output_bias is not None:
             ops.add_bias(logits, w.output_bias)
         if c.final_softcap:
             ops.softcap(logits, c.final_softcap)
 
-    def _attention_block(self, il, b: BlockWeights, x, positions, slots) -> None:
-        c, ws, n = self.config, self.ws, len(x)
-        h, o = ws.h[:n], ws.o[:n]  # (n, n_embd)
-        q, k, v = ws.q[:n], ws.k[:n], ws.v[:n]  # (n, n_head, hd), (n, n_kv, hd) x2
-        ops.rms_norm(x, b.attn_norm, c.norm_eps, h)
-        project(h, (b.attn_q, b.attn_k, b.attn_v),
-                (q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)), ws.scratch)
-        for t, bias in ((q, b.attn_q_bias), (k, b.attn_k_bias), (v, b.attn_v_bias)):
+    def _attention_block(self, il, b: BlockWeights, bv: BatchViews, positions, slots) -> None:
+        c, ws = self.config, self.ws
+        ops.rms_norm(bv.x, b.attn_norm, c.norm_eps, bv.h)  # (n, n_embd)
+        project(bv.h, (b.attn_q, b.attn_k, b.attn_v), (bv.q_rows, bv.k_rows, bv.v_rows),
+                ws.scratch)  # (n, n_head, hd), (n, n_kv, hd) x2
+        for t, bias in ((bv.q_rows, b.attn_q_bias), (bv.k_rows, b.attn_k_bias),
+                        (bv.v_rows, b.attn_v_bias)):
             if bias is not None:
-                ops.add_bias(t.reshape(n, -1), bias)
+                ops.add_bias(t, bias)
         if b.attn_q_norm is not None:
-            ops.rms_norm_heads(q, b.attn_q_norm, c.norm_eps)
-            ops.rms_norm_heads(k, b.attn_k_norm, c.norm_eps)
+            ops.rms_norm_heads(bv.q, b.attn_q_norm, c.norm_eps)
+            ops.rms_norm_heads(bv.k, b.attn_k_norm, c.norm_eps)
         swa = c.swa_layers[il]
         cos, sin = self.rope_local if swa else self.rope_global
-        ops.rope(q, positions, cos, sin, c.rope_neox)
-        ops.rope(k, positions, cos, sin, c.rope_neox)
+        ops.rope(bv.q, positions, cos, sin, c.rope_neox)
+        ops.rope(bv.k, positions, cos, sin, c.rope_neox)
         if c.q_prescale:
-            ops.scale_inplace(q, c.attn_scale)
-        kc, vc = self.kv_cache.k[il], self.kv_cache.v[il]  # (n_slots, n_ctx, n_kv, hd)
-        store_kv(k, v, slots, positions, kc, vc)
-        attn = ws.attn[:n]  # (n, n_head, hd)
+            ops.scale_inplace(bv.q, c.attn_scale)
+        kc, vc = self.kv_layers[il]  # (n_slots, n_ctx, n_kv, hd) x2
+        store_kv(bv.k, bv.v, slots, positions, kc, vc)
         window = c.sliding_window if swa else 0
-        scale = np.float32(1.0 if c.q_prescale else c.attn_scale)
-        attention(q, kc, vc, slots, positions, window, scale, ws.scores, attn)
-        project(attn.reshape(n, -1), (b.attn_output,), (o,), ws.scratch)  # (n, n_embd)
+        attention(bv.q, kc, vc, slots, positions, window, self.score_scale, ws.scores,
+                  bv.attn)  # (n, n_head, hd)
+        project(bv.attn_rows, (b.attn_output,), (bv.o,), ws.scratch)  # (n, n_embd)
         if b.attn_output_bias is not None:
-            ops.add_bias(o, b.attn_output_bias)
+            ops.add_bias(bv.o, b.attn_output_bias)
         if b.post_attention_norm is not None:
-            ops.rms_norm(o, b.post_attention_norm, c.norm_eps, o)
-        ops.add_inplace(x, o)
+            ops.rms_norm(bv.o, b.post_attention_norm, c.norm_eps, bv.o)
+        ops.add_inplace(bv.x, bv.o)
 
-    def _ffn_block(self, b: BlockWeights, x) -> None:
-        c, ws, n = self.config, self.ws, len(x)
-        h, o = ws.h[:n], ws.o[:n]  # (n, n_embd)
-        gate, up = ws.gate[:n], ws.up[:n]  # (n, n_ff)
-        ops.rms_norm(x, b.ffn_norm, c.norm_eps, h)
-        project(h, (b.ffn_gate, b.ffn_up), (gate, up), ws.scratch)
-        GATED_ACTIVATIONS[c.ffn_act](gate, up, gate)  # (n, n_ff) act(gate) * up
-        project(gate, (b.ffn_down,), (o,), ws.scratch)  # (n, n_embd)
+    def _ffn_block(self, b: BlockWeights, bv: BatchViews) -> None:
+        c, ws = self.config, self.ws
+        ops.rms_norm(bv.x, b.ffn_norm, c.norm_eps, bv.h)  # (n, n_embd)
+        project(bv.h, (b.ffn_gate, b.ffn_up), (bv.gate, bv.up), ws.scratch)  # (n, n_ff) x2
+        GATED_ACTIVATIONS[c.ffn_act](bv.gate, bv.up, bv.gate)  # (n, n_ff) act(gate) * up
+        project(bv.gate, (b.ffn_down,), (bv.o,), ws.scratch)  # (n, n_embd)
         if b.post_ffw_norm is not None:
-            ops.rms_norm(o, b.post_ffw_norm, c.norm_eps, o)
-        ops.add_inplace(x, o)
+            ops.rms_norm(bv.o, b.post_ffw_norm, c.norm_eps, bv.o)
+        ops.add_inplace(bv.x, bv.o)
