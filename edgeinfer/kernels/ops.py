@@ -22,10 +22,20 @@ PARALLEL_ROWS = 32  # batches at least this long run the row loops on all thread
 
 @njit(cache=True, inline="always")
 def _rms_row(x, weight, eps, out, i):
-    acc = 0.0
-    for j in range(x.shape[1]):
-        acc += np.float64(x[i, j]) * np.float64(x[i, j])
-    scale = np.float32(1.0) / np.sqrt(np.float32(acc / x.shape[1]) + np.float32(eps))
+    """ggml: f32 squares summed in double (one running sum there; four here, which breaks
+    the 4-cycle dependency chain that made this the slowest small op of a prefill; the double
+    sums agree far below the f32 rounding of the mean)."""
+    n = x.shape[1]
+    a0 = a1 = a2 = a3 = 0.0
+    for j in range(0, n - n % 4, 4):
+        a0 += np.float64(x[i, j] * x[i, j])
+        a1 += np.float64(x[i, j + 1] * x[i, j + 1])
+        a2 += np.float64(x[i, j + 2] * x[i, j + 2])
+        a3 += np.float64(x[i, j + 3] * x[i, j + 3])
+    for j in range(n - n % 4, n):
+        a0 += np.float64(x[i, j] * x[i, j])
+    acc = (a0 + a1) + (a2 + a3)
+    scale = np.float32(1.0) / np.sqrt(np.float32(acc / n) + np.float32(eps))
     for j in range(x.shape[1]):
         out[i, j] = x[i, j] * scale * weight[j]
 
