@@ -117,12 +117,15 @@ def test_matmul_zero_activations_give_zero():
         assert not run_kernel(qtype, w, xq, xd, xs, x).any()
 
 
-def test_q8_k_matches_reference_transcription():
+@pytest.mark.parametrize("n_tok", [3, kquants.PARALLEL_TOKENS + 5], ids=["serial", "threads"])
+def test_q8_k_matches_reference_transcription(n_tok):
     rng = np.random.default_rng(2)
-    x = (rng.standard_normal((3, 1024)) * rng.uniform(0.01, 100, (3, 1))).astype(np.float32)
+    scale = rng.uniform(0.01, 100, (n_tok, 1))
+    x = (rng.standard_normal((n_tok, 1024)) * scale).astype(np.float32)
     x[1, 256:512] = 0.0  # one all-zero block
+    x[2, 600], x[2, 700] = 50.0, -50.0  # equal magnitudes: the first one is the max
     xq, xd, xs = quantize(x)
-    for tok in range(3):
+    for tok in range(n_tok):
         q, d, bsums = q8_k_ref(x[tok])
         np.testing.assert_array_equal(xq[tok], q)
         np.testing.assert_array_equal(xd[tok], d)

@@ -354,6 +354,7 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
 PREFETCH_BYTES = 2048
 TILE = 8  # tokens per weight-block unpack (prefill, batches)
+PARALLEL_TOKENS = 32  # activation quantization of this many tokens or more uses all threads
 ROWS_PER_CHUNK = 8  # rows per prange task
 
 # qtype -> (unpack, block bytes), filled by _make_matmul.
@@ -516,37 +517,60 @@ matmul_q6_k = _make_matmul(GGMLQuantizationType.Q6_K, _unpack_q6_k, 210)
 # ---------------------------------------------------------------------------------------------
 
 
+@njit(cache=True, inline="always")
+def _quantize_row_q8_k(x, xq, xd, xs, tok) -> None:
+    """One token's row: per 256 values, max = the signed value of largest magnitude (first
+    one on ties), iscale = -127/max, q = min(127, nearest_int(iscale*x)) with ties to even,
+    d = 1/iscale, bsums = sums of q per 16. An all-zero block gives d = 0, q = 0, bsums = 0.
+    The max is found in two vectorizable passes (largest magnitude, then its first index),
+    which picks the same value as ggml's one sequential pass."""
+    for blk in range(x.shape[1] // QK_K):
+        base = blk * QK_K
+        row = x[tok, base : base + QK_K]
+        m0 = m1 = m2 = m3 = np.float32(0.0)
+        for j in range(0, QK_K, 4):
+            m0 = max(m0, abs(row[j]))
+            m1 = max(m1, abs(row[j + 1]))
+            m2 = max(m2, abs(row[j + 2]))
+            m3 = max(m3, abs(row[j + 3]))
+        amax = max(max(m0, m1), max(m2, m3))
+        if amax == 0:
+            xd[tok, blk] = 0.0
+            xq[tok, base : base + QK_K] = 0
+            xs[tok, blk * 16 : blk * 16 + 16] = 0.0
+            continue
+        j = 0
+        while abs(row[j]) != amax:
+            j += 1
+        iscale = np.float32(-127.0) / row[j]
+        for g in range(16):
+            gsum = 0
+            for k in range(base + 16 * g, base + 16 * g + 16):
+                # np.rint rounds ties to even, like nearest_int's 1.5*2^23 trick.
+                q = min(127, int(np.rint(iscale * x[tok, k])))
+                xq[tok, k] = q
+                gsum += q
+            xs[tok, blk * 16 + g] = gsum
+        xd[tok, blk] = np.float32(1.0) / iscale
+
+
 @njit(cache=True)
+def _quantize_q8_k_serial(x, xq, xd, xs) -> None:
+    for tok in range(x.shape[0]):
+        _quantize_row_q8_k(x, xq, xd, xs, tok)
+
+
+@njit(cache=True, parallel=True)
+def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
+    for tok in prange(x.shape[0]):
+        _quantize_row_q8_k(x, xq, xd, xs, tok)
+
+
 def quantize_q8_k(x: np.ndarray, xq, xd, xs, xf) -> None:  # xf unused
-    """Per 256 values: max = the signed value of largest magnitude (first one on ties),
-    iscale = -127/max, q = min(127, nearest_int(iscale*x)) with ties to even, d = 1/iscale,
-    bsums = sums of q per 16. An all-zero block gives d = 0, q = 0, bsums = 0."""
-    n_tok, n_blk = x.shape[0], x.shape[1] // QK_K
-    for tok in range(n_tok):
-        for blk in range(n_blk):
-            base = blk * QK_K
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for j in range(QK_K):
-                ax = abs(x[tok, base + j])
-                if ax > amax:
-                    amax = ax
-                    vmax = x[tok, base + j]
-            if amax == 0:
-                xd[tok, blk] = 0.0
-                xq[tok, base : base + QK_K] = 0
-                xs[tok, blk * 16 : blk * 16 + 16] = 0.0
-                continue
-            iscale = np.float32(-127.0) / vmax
-            for g in range(16):
-                gsum = 0
-                for j in range(base + 16 * g, base + 16 * g + 16):
-                    # np.rint rounds ties to even, like nearest_int's 1.5*2^23 trick.
-                    q = min(127, int(np.rint(iscale * x[tok, j])))
-                    xq[tok, j] = q
-                    gsum += q
-                xs[tok, blk * 16 + g] = gsum
-            xd[tok, blk] = np.float32(1.0) / iscale
+    """ggml's quantize_row_q8_K_ref for each token; prefill batches split tokens across
+    threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill)."""
+    kernel = _quantize_q8_k_parallel if len(x) >= PARALLEL_TOKENS else _quantize_q8_k_serial
+    kernel(x, xq, xd, xs)
 
 
 Q8_K_ACT = ActFormat("q8_k", QK_K, 16, quantize_q8_k)
