@@ -207,3 +207,19 @@ def test_compiles_are_named_as_they_happen_and_summed_up():
     for m in (f"{COMPILING}: a.x", f"{COMPILING}: b.y", "compiled 2 kernels in 1.0 s"):
         report(m)
     assert lines == [f"{COMPILING}: a.x", "compiled 2 kernels in 1.0 s"]
+
+
+def test_every_kernel_releases_the_gil():
+    """The server's HTTP thread runs while the engine computes only if kernels release the
+    GIL (with it held, each of its wake-ups waited up to Python's 5 ms switch interval)."""
+    import importlib
+
+    from numba.core.registry import CPUDispatcher
+
+    names = ["actquant", "attention", "kquants", "legacy", "ops"]
+    kernels = [obj for name in names
+               for obj in vars(importlib.import_module(f"edgeinfer.kernels.{name}")).values()
+               if isinstance(obj, CPUDispatcher)]
+    assert len(kernels) > 30
+    holding = [k.py_func.__name__ for k in kernels if not k.targetoptions.get("nogil")]
+    assert holding == []

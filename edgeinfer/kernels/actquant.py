@@ -89,7 +89,7 @@ def _bits_f32(typingctx, u):
     return types.float32(types.uint32), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _round_f16_soft(x: np.float32) -> np.float32:
     """f32 -> f16 (round to nearest even) -> f32 with integer ops, for CPUs without F16C."""
     u = np.int64(_f32_bits(x))
@@ -108,7 +108,7 @@ def _round_f16_soft(x: np.float32) -> np.float32:
 _round_f16 = _round_f16_native if F16_NATIVE else _round_f16_soft
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _round_bf16(x: np.float32) -> np.float32:
     """ggml_compute_fp32_to_bf16, widened back to f32."""
     u = np.int64(_f32_bits(x))
@@ -176,7 +176,7 @@ def _block_quantize(typingctx, x, xq, i0, inv):
     return types.int32(x, xq, i0, inv), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _quantize_block_q8(x, i0, xq):
     """Quantize x[i0:i0+32] into xq; returns (d unrounded f32, sum of the quants)."""
     amax = _block_amax(x, i0)
@@ -185,7 +185,7 @@ def _quantize_block_q8(x, i0, xq):
     return d, _block_quantize(x, xq, i0, inv)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_f32(x, xq, xd, xs, xf) -> None:
     """xf = x (F32 weights use F32 activations unchanged)."""
     n_tok, n_in = x.shape
@@ -194,7 +194,7 @@ def quantize_f32(x, xq, xd, xs, xf) -> None:
             xf[t, i] = x[t, i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_f16(x, xq, xd, xs, xf) -> None:
     """xf = f16(x), as llama.cpp rounds activations for F16 weights."""
     n_tok, n_in = x.shape
@@ -203,7 +203,7 @@ def quantize_f16(x, xq, xd, xs, xf) -> None:
             xf[t, i] = _round_f16(np.float32(x[t, i]))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_bf16(x, xq, xd, xs, xf) -> None:
     """xf = bf16(x), as llama.cpp rounds activations for BF16 weights."""
     n_tok, n_in = x.shape
@@ -212,7 +212,7 @@ def quantize_bf16(x, xq, xd, xs, xf) -> None:
             xf[t, i] = _round_bf16(np.float32(x[t, i]))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_q8_0(x, xq, xd, xs, xf) -> None:
     """Q8_0 activations: xq int8, xd = per-block scale rounded to f16."""
     n_tok, n_in = x.shape
@@ -222,7 +222,7 @@ def quantize_q8_0(x, xq, xd, xs, xf) -> None:
             xd[t, b] = _round_f16(d)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_q8_1(x, xq, xd, xs, xf) -> None:
     """Q8_1 activations: Q8_0 plus xs = f16(d * sum(q)) per block (d not yet rounded)."""
     n_tok, n_in = x.shape

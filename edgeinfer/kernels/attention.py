@@ -59,17 +59,17 @@ def scratch_floats(n_head: int, n_head_kv: int, head_dim: int, n_ctx: int) -> in
     return int(_scratch_floats(_tile_tokens(group, n_ctx) * group, head_dim, n_ctx))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _tile_tokens(group, n_ctx):
     return max(1, min(TILE_TOKENS, SCORE_BUDGET // (group * n_ctx)))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _scratch_floats(rows, hd, n_ctx):
     return rows * hd + (rows + 3) * hd + KEY_BLOCK * hd + rows * n_ctx
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _thread_scratch(buf, rows, hd, n_ctx):
     """One thread's views of its scratch row: the tile's F16-rounded Q, its accumulators (+3
     spare rows), a block of converted K or V rows, and the rows' scores then probabilities."""
@@ -121,7 +121,7 @@ _C1, _C2, _C3 = _hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.55
 _C4, _C5 = _hex32("0x1.573e2ep-5"), _hex32("0x1.0e4020p-7")
 
 
-@njit(cache=True)  # no fastmath: the operations must stay exactly as written
+@njit(cache=True, nogil=True)  # no fastmath: the operations must stay exactly as written
 def _expf(x):
     """exp(x) for x <= 0, bit for bit ggml's ggml_v_expf (ggml-cpu/vec.h, the AVX-512 and AVX2
     versions agree; ARM-derived, 1.45 + 0.5 ulp), which llama.cpp's softmax uses. Results
@@ -137,7 +137,7 @@ def _expf(x):
     return scaled if n >= np.float32(-192.0) else np.float32(0.0)
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _softmax_row(x, scale):
     """llama.cpp's soft_max_f32 on one row of raw dots x (a view, so loops run from 0 and
     vectorize): x*scale, max, exp(x - max), sum in double, then P = x * (float)(1/sum)
@@ -180,7 +180,7 @@ def _f32_impl(x):
     return None
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _prefetch_kv(k_cache, v_cache, s, j, kvh, end):
     """Prefetch cache row j < end of KV head kvh in slot s, keys and values (64-byte lines)."""
     if j < end:
@@ -189,7 +189,7 @@ def _prefetch_kv(k_cache, v_cache, s, j, kvh, end):
             prefetch(v_cache, s, j, kvh, d)
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _convert_rows(cache, s, j0, nb, kvh, dst):
     """dst[0, :nb, 0] = cache[s, j0:j0+nb, kvh] as float32."""
     for jj in range(nb):
@@ -197,7 +197,7 @@ def _convert_rows(cache, s, j0, nb, kvh, dst):
             dst[0, jj, 0, d] = f16_bits_to_f32(cache[s, j0 + jj, kvh, d])
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf_end):
     """sc[r, col + jj] = qt[r] . K[jj] for jj in [a, b) and rows ra..rd (repeats allowed),
     K[jj] = src[s, j0 + jj, kvh] (F16 bits or f32). 4 rows x 4 keys per pass: 16 independent
@@ -254,7 +254,7 @@ def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf_
         jj += 1
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _accumulate4(acc, sc, col, src, s, j0, kvh, ra, rb, rc, rd, pa, pb, pc, pd, a, b):
     """acc[ra] += sum over jj in [a, b) of sc[pa, col + jj] * V[jj] (V[jj] = src[s, j0 + jj,
     kvh]), likewise for (rb, pb), (rc, pc), (rd, pd): 4 rows x 4 value rows per pass, one load
@@ -293,12 +293,12 @@ def _accumulate4(acc, sc, col, src, s, j0, kvh, ra, rb, rc, rd, pa, pb, pc, pd, 
 # ------------------------------------------------------------------------- one tile's phases
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _key_range(p, window):
     return (max(0, p - window + 1) if window > 0 else 0), p + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _same_keys(positions, i0, t, nt, window, j0, j1):
     """The keys [a, b) (block-relative, a >= b: none) token t sees in block [j0, j1), and the
     end t1 of the run of tokens from t that see the same ones: one contiguous row range."""
@@ -313,7 +313,7 @@ def _same_keys(positions, i0, t, nt, window, j0, j1):
     return min(a, j1 - j0), max(b, 0), t1
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _tile_setup(q, positions, i0, nt, kvh, group, window, qt):
     """Round the tile's query rows (r = token * group + head in group) to F16 into qt;
     return the union [ka, kb) of the tokens' key ranges."""
@@ -327,7 +327,7 @@ def _tile_setup(q, positions, i0, nt, kvh, group, window, qt):
     return ka, kb
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _blocks(ka, kb, part, n_part):
     """The part-th of n_part slices of the key blocks (aligned to absolute positions) that
     cover [ka, kb)."""
@@ -336,7 +336,7 @@ def _blocks(ka, kb, part, n_part):
             first + (last - first) * (part + 1) // n_part)
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
                  blk_lo, blk_hi, sc):
     """Raw dots of the tile rows with the keys they see in blocks [blk_lo, blk_hi), into
@@ -368,7 +368,7 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
             t = t1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _tile_softmax(sc, scale, positions, i0, group, window, ka, r_lo, r_hi):
     """Rows [r_lo, r_hi) of sc: raw dots -> F16-rounded probabilities over each row's keys."""
     for r in range(r_lo, r_hi):
@@ -376,7 +376,7 @@ def _tile_softmax(sc, scale, positions, i0, group, window, ka, r_lo, r_hi):
         _softmax_row(sc[r, lo - ka : hi - ka], scale)
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
                  blk_lo, blk_hi):
     """acc[r] = P[r] @ V over the tile rows' keys in blocks [blk_lo, blk_hi)."""
@@ -405,7 +405,7 @@ def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window,
             t = t1
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, nogil=True, fastmath=FAST)
 def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale, buf,
               out):
     """Work item w: batch rows [c*chunk, (c+1)*chunk) (runs of one slot each) x KV head kvh."""
@@ -437,7 +437,7 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
         i = i1
 
 
-@njit(parallel=True, cache=True, fastmath=FAST)
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
 def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out):
     """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
     uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
@@ -501,7 +501,7 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out)
                       work[0], out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def store_kv(k, v, slots, positions, k_cache, v_cache):
     """Write this batch's K and V (n, n_kv, hd) f32 into the cache as F16, before attention
     reads them (llama.cpp copies into the cache first, so the current token is F16 too)."""

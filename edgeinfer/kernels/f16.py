@@ -37,7 +37,7 @@ def f32_to_f16_bits(typingctx, value):
     return sig, codegen
 
 
-@njit(inline="always")
+@njit(inline="always", nogil=True)
 def round_f16(value):
     """float32 rounded to the nearest float16 value, returned as float32."""
     return f16_bits_to_f32(f32_to_f16_bits(value))

@@ -458,7 +458,7 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
 SERIAL_WORK = 64 * 1024
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rows_tokens(code, tile, w, xq, xd, xs, out, r0, r1) -> None:
     """Rows [r0, r1) x all tokens, `tile` tokens per weight-block unpack; a last partial
     tile moves back to overlap the previous one (recomputing identical outputs)."""
@@ -473,7 +473,7 @@ def _rows_tokens(code, tile, w, xq, xd, xs, out, r0, r1) -> None:
                 out[tok + k, row] = p[k]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rows(code, w, xq, xd, xs, out, r0, r1) -> None:
     literally(code)
     n_tok = out.shape[0]
@@ -502,7 +502,7 @@ def _make_matmul(qtype: GGMLQuantizationType, unpack, block_bytes: int):
                 _rows(code, w, xq, xd, xs, out, r0, min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
-    return njit(parallel=True, cache=True)(matmul)
+    return njit(parallel=True, cache=True, nogil=True)(matmul)
 
 
 matmul_q2_k = _make_matmul(GGMLQuantizationType.Q2_K, _unpack_q2_k, 84)
@@ -517,7 +517,7 @@ matmul_q6_k = _make_matmul(GGMLQuantizationType.Q6_K, _unpack_q6_k, 210)
 # ---------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _quantize_row_q8_k(x, xq, xd, xs, tok) -> None:
     """One token's row: per 256 values, max = the signed value of largest magnitude (first
     one on ties), iscale = -127/max, q = min(127, nearest_int(iscale*x)) with ties to even,
@@ -554,13 +554,13 @@ def _quantize_row_q8_k(x, xq, xd, xs, tok) -> None:
         xd[tok, blk] = np.float32(1.0) / iscale
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _quantize_q8_k_serial(x, xq, xd, xs) -> None:
     for tok in range(x.shape[0]):
         _quantize_row_q8_k(x, xq, xd, xs, tok)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
     for tok in prange(x.shape[0]):
         _quantize_row_q8_k(x, xq, xd, xs, tok)

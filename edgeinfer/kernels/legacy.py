@@ -407,7 +407,7 @@ ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: s
 SERIAL_WORK = 64 * 1024
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
     """Rows [r0, r1) x all tokens in tiles of n_rows x n_toks; a last partial tile is moved
     back to overlap the previous one (recomputing a few identical outputs)."""
@@ -421,12 +421,12 @@ def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
             _tile(code, n_rows, n_toks, w, min(r, r1 - n_rows), xq, xd, xs, t, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _chunk_rows(rows):
     return (ROWS_PER_CHUNK + rows - 1) // rows * rows
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _chunk(code, rows, w, xq, xd, xs, out, c) -> None:
     """Output rows of chunk c for every token, in tiles of `rows` rows x 8 tokens (prefill,
     batches of 8+), else 4, 2 or 1, so a weight block is decoded once for as many tokens as
@@ -465,7 +465,7 @@ def _make_matmul(qtype: T):
                 _chunk(code, rows, w, xq, xd, xs, out, np.int64(c))
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
-    return njit(parallel=True, cache=True)(matmul)
+    return njit(parallel=True, cache=True, nogil=True)(matmul)
 
 
 matmul_q8_0 = _make_matmul(T.Q8_0)
@@ -500,7 +500,7 @@ FLOAT_ROWS_PER_CHUNK = 16  # output rows per prange task of the float kernel
 _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD dot products
 
 
-@njit(parallel=True, cache=True, fastmath=_FLOAT_MATH)
+@njit(parallel=True, cache=True, nogil=True, fastmath=_FLOAT_MATH)
 def matmul_float(w, xq, xd, xs, xf, out) -> None:
     """F32 (float32 w) weights; F16 and BF16 come through matmul_f16 / matmul_bf16."""
     n_tok, n_out = out.shape

@@ -20,7 +20,7 @@ from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _rms_row(x, weight, eps, out, i):
     """ggml: f32 squares summed in double (one running sum there; four here, which breaks
     the 4-cycle dependency chain that made this the slowest small op of a prefill; the double
@@ -40,13 +40,13 @@ def _rms_row(x, weight, eps, out, i):
         out[i, j] = x[i, j] * scale * weight[j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rms_norm_serial(x, weight, eps, out):
     for i in range(x.shape[0]):
         _rms_row(x, weight, eps, out, i)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _rms_norm_parallel(x, weight, eps, out):
     for i in prange(x.shape[0]):
         _rms_row(x, weight, eps, out, i)
@@ -86,7 +86,7 @@ def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rope(x, positions, cos, sin, neox):
     """In-place rotary embedding of x (n, n_heads, head_dim) at absolute positions (n,).
 
@@ -108,20 +108,20 @@ def rope(x, positions, cos, sin, neox):
             x[i, h, b] = x0 * s + x1 * c
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _swiglu_row(gate, up, out, i):
     for j in range(gate.shape[1]):
         g = gate[i, j]
         out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _swiglu_serial(gate, up, out):
     for i in range(gate.shape[0]):
         _swiglu_row(gate, up, out, i)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _swiglu_parallel(gate, up, out):
     for i in prange(gate.shape[0]):
         _swiglu_row(gate, up, out, i)
@@ -146,7 +146,7 @@ def _gelu_table() -> np.ndarray:
 GELU_TABLE = _gelu_table()
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _geglu_row(gate, up, table, out, i):
     for j in range(gate.shape[1]):
         x = gate[i, j]
@@ -159,13 +159,13 @@ def _geglu_row(gate, up, table, out, i):
         out[i, j] = g * up[i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _geglu_serial(gate, up, table, out):
     for i in range(gate.shape[0]):
         _geglu_row(gate, up, table, out, i)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _geglu_parallel(gate, up, table, out):
     for i in prange(gate.shape[0]):
         _geglu_row(gate, up, table, out, i)
@@ -178,7 +178,7 @@ def geglu(gate, up, table, out):
     kernel(gate, up, table, out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_inplace(x, y):
     """x += y, both (n, dim) f32: residual connections."""
     n, dim = x.shape
@@ -187,7 +187,7 @@ def add_inplace(x, y):
             x[i, j] += y[i, j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_bias(x, bias):
     """x += bias broadcast over rows; bias (dim,) f32."""
     n, dim = x.shape
@@ -196,7 +196,7 @@ def add_bias(x, bias):
             x[i, j] += bias[j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scale_inplace(x, factor):
     """x *= factor (f32): gemma3's sqrt(n_embd) embedding scale, phi3/gemma3 query scale."""
     flat = x.reshape(-1)
@@ -205,7 +205,7 @@ def scale_inplace(x, factor):
         flat[i] *= f
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def softcap(x, cap):
     """x = cap * tanh(x / cap): gemma's optional final logit soft-capping."""
     flat = x.reshape(-1)
@@ -214,7 +214,7 @@ def softcap(x, cap):
         flat[i] = c * np.float32(math.tanh(flat[i] / c))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embed_q8_0(table, tokens, out):
     """Rows of a Q8_0 embedding table (n_vocab, row_bytes), dequantized exactly to f32."""
     dim = out.shape[1]
@@ -228,7 +228,7 @@ def embed_q8_0(table, tokens, out):
                 out[i, b * 32 + j] = d * np.float32(q)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embed_f16(table, tokens, out):
     """Rows of an F16 (uint16 bits) embedding table, converted to f32."""
     for i in range(tokens.shape[0]):
