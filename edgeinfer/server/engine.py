@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.generate import StopMatcher
 from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs
 from edgeinfer.server.errors import ApiError
@@ -198,6 +199,10 @@ class Engine(threading.Thread):
         t0 = time.perf_counter()
         self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
                                 n_slots=self.n_slots, progress=distinct_stages(log.info))
+        try:  # import jinja2 and compile the chat template now, not during the first request
+            self.model.apply_chat_template([{"role": "user", "content": "hi"}])
+        except EdgeInferError:
+            pass  # a template that cannot render is reported to each request that uses it
         settle_heap()
         tf = self.model.transformer
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
