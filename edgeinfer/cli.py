@@ -120,6 +120,8 @@ def serve(
     threads: int | None = THREADS,
     metrics: bool = typer.Option(False, "--metrics", help="Enable /metrics."),
     alias: str | None = typer.Option(None, "-a", "--alias", help="Model name in the API."),
+    cache_ram: int = typer.Option(1024, "-cram", "--cache-ram",
+                                  help="MiB of RAM for prompts no slot holds any more (0: off)."),
 ) -> None:
     """Serve a llama-server and OpenAI compatible HTTP API."""
     def start() -> None:
@@ -132,7 +134,7 @@ def serve(
                 "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
         serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
                    parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
-                   alias=alias)
+                   alias=alias, cache_ram=cache_ram)
 
     _guard(start)
 

@@ -377,3 +377,25 @@ def test_n_predict_zero_only_evaluates_the_prompt(server):
     r = post(server, "/completion", {"prompt": "just the prompt", "n_predict": 0}).json()
     assert r["content"] == "" and r["tokens_predicted"] == 0 and r["stop_type"] == "limit"
     assert r["timings"]["prompt_n"] + r["timings"]["cache_n"] == r["tokens_evaluated"]
+
+
+@pytest.mark.parametrize("cache_ram", ["64", "0"])
+def test_prompt_cache_in_ram_outlives_its_slot(tmp_path, cache_ram):
+    """One slot: A, then B (which overwrites the slot), then A again. With --cache-ram, A's
+    KV was kept in RAM and comes back (nearly all of A is cached) with the same tokens as a
+    cold run; with --cache-ram 0 only the prefix A shares with B is reused."""
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    srv = ServerProcess(model, "-np", "1", "-c", "512", "--cache-ram", cache_ram)
+    try:
+        a = {"prompt": "Alpha story " * 12, "n_predict": 8, **GREEDY}
+        cold = post(srv, "/completion", {**a, "cache_prompt": False}).json()
+        post(srv, "/completion", {"prompt": "Beta tale " * 12, "n_predict": 4, **GREEDY})
+        again = post(srv, "/completion", a).json()
+    finally:
+        srv.stop()
+    n_prompt = again["tokens_evaluated"]
+    if cache_ram == "0":
+        assert again["timings"]["cache_n"] < n_prompt // 2
+    else:
+        assert again["timings"]["cache_n"] == n_prompt - 1
+    assert again["content"] == cold["content"]

@@ -104,3 +104,33 @@ def test_every_route_is_503_while_loading(tmp_path):
         assert r.status_code == 503
         assert r.json() == {"error": {"code": 503, "message": "Loading model",
                                       "type": "unavailable_error"}}
+
+
+def test_prompt_cache_saves_restores_and_evicts():
+    import numpy as np
+
+    from edgeinfer.server.prefix import PrefixTree
+    from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
+
+    n = MIN_TOKENS
+    k = np.arange(2 * 2 * 64 * 3, dtype=np.uint16).reshape(2, 2, 64, 3)  # (layer, slot, ctx, d)
+    v = k + 1
+    tree = PrefixTree()
+    entry_bytes = 2 * k[:, 0, :n].nbytes
+    cache = PromptCache(tree, k, v, budget_bytes=2 * entry_bytes)
+    first, second, third = (list(range(start, start + n)) for start in (100, 200, 300))
+    tree.set(0, first)
+    cache.save(0, first)  # slot 0's cells 0..n-1 now also live as entry 2
+    assert tree.match(first)[2] == n and cache.holds(2)
+    saved_k = k[:, 0, :n].copy()
+    k[:, 0] = 0  # slot 0 overwritten by something else
+    cache.restore(2, 1, n)
+    np.testing.assert_array_equal(k[:, 1, :n], saved_k)
+    cache.save(0, first[: n - 1])  # too short to keep
+    cache.save(0, second)
+    cache.save(0, third)  # over budget: the least recently used entry (first) goes
+    assert not cache.holds(2) and tree.match(first).get(2) is None
+    assert tree.match(third)[4] == n and cache.n_bytes == 2 * entry_bytes
+    tree.set(1, second)
+    cache.save(0, second)  # slot 1 holds it whole already: nothing new
+    assert len(cache.entries) == 2

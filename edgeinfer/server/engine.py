@@ -40,6 +40,7 @@ from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.params import GenParams
 from edgeinfer.server.prefix import PrefixTree
+from edgeinfer.server.prompt_cache import PromptCache
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
@@ -142,10 +143,12 @@ class Engine(threading.Thread):
 
     def __init__(self, model_path: Path, n_ctx: int = 0, n_slots: int = 1,
                  threads: int | None = None,
-                 on_fail: Callable[[BaseException], None] | None = None):
+                 on_fail: Callable[[BaseException], None] | None = None,
+                 cache_ram_mib: int = 1024):
         super().__init__(name="edgeinfer-engine", daemon=True)
         self.model_path, self.n_ctx_arg, self.threads = model_path, n_ctx, threads
         self.n_slots = max(1, n_slots)
+        self.cache_ram_mib = cache_ram_mib
         self.on_fail = on_fail
         self.model = None
         self.ready = threading.Event()
@@ -205,6 +208,8 @@ class Engine(threading.Thread):
             pass  # a template that cannot render is reported to each request that uses it
         settle_heap()
         tf = self.model.transformer
+        self.saved = PromptCache(self.tree, tf.kv_cache.k, tf.kv_cache.v,
+                                 max(0, self.cache_ram_mib) << 20)
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
         size = tf.n_batch + self.n_slots
         self.batch_tokens, self.batch_pos, self.batch_slots = (
@@ -291,14 +296,15 @@ class Engine(threading.Thread):
 
     def _start(self, slot: Slot, job: Job) -> None:
         prompt, params = job.prompt, job.params
-        n_past = 0
+        shared = self.tree.match(prompt)
+        n_past = shared.get(slot.id, 0) if params.cache_prompt else 0
+        if len(slot.cache) > n_past:  # the rest of the slot's sequence is about to go
+            self.saved.save(slot.id, slot.cache)
         if params.cache_prompt:
-            shared = self.tree.match(prompt)
-            n_past = shared.get(slot.id, 0)
             src = max(shared, key=shared.get, default=slot.id)
-            if shared.get(src, 0) > n_past:  # another slot holds more of this prompt
+            if shared.get(src, 0) > n_past:  # another slot or a saved sequence holds more
                 n_past = shared[src]
-                self.model.transformer.kv_cache.copy_prefix(src, slot.id, n_past)
+                self._copy_prefix(src, slot.id, n_past)
         n_past = min(n_past, len(prompt) - 1)  # re-evaluate one token to get logits
         slot.cache = list(prompt[:n_past])
         self.tree.set(slot.id, slot.cache)
@@ -311,6 +317,12 @@ class Engine(threading.Thread):
         slot.t_start = slot.t_last = time.perf_counter()
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
+
+    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        if self.saved.holds(src):
+            self.saved.restore(src, dst, n_tokens)
+        else:
+            self.model.transformer.kv_cache.copy_prefix(src, dst, n_tokens)
 
     # -- batching ------------------------------------------------------------------------------
     def _build_batch(self) -> tuple[int, list[Slot]] | None:

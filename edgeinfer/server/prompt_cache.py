@@ -1,0 +1,63 @@
+"""KV of sequences no slot holds any more, kept in RAM (llama-server's `--cache-ram`).
+
+With N slots the radix tree can only reuse what N sequences left behind. When a slot is
+about to be overwritten, its K/V rows are copied here first; a later prompt that shares
+their prefix gets them copied back instead of prefilled, as llama-server restores saved
+slot states. Entries live in the engine's PrefixTree under ids >= n_slots, so one lookup
+ranks slots and saved sequences together. Least recently used entries are dropped beyond the
+byte budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeinfer.server.prefix import PrefixTree
+
+MIN_TOKENS = 16  # shorter sequences cost less to prefill than to keep
+
+
+class PromptCache:
+    def __init__(self, tree: PrefixTree, k: np.ndarray, v: np.ndarray, budget_bytes: int):
+        """k, v: the KV cache (n_layer, n_slots, n_ctx, n_kv, hd); entry ids start after the
+        last slot."""
+        self.tree, self.k, self.v = tree, k, v
+        self.budget = budget_bytes
+        self.entries: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self.n_bytes = 0
+        self._ids = itertools.count(k.shape[1])
+
+    def holds(self, entry: int) -> bool:
+        return entry in self.entries
+
+    def save(self, slot: int, tokens: Sequence[int]) -> None:
+        """Keep slot `slot`'s K/V for `tokens` (the slot's cells 0..n-1) unless they are too
+        short, too big for the budget, or already held whole by another slot or entry."""
+        n = len(tokens)
+        size = 2 * self.k[:, slot, :n].nbytes
+        if n < MIN_TOKENS or size > self.budget:
+            return
+        if any(shared == n for other, shared in self.tree.match(tokens).items() if other != slot):
+            return
+        while self.n_bytes + size > self.budget:
+            self._drop(next(iter(self.entries)))
+        entry = next(self._ids)
+        self.entries[entry] = (self.k[:, slot, :n].copy(), self.v[:, slot, :n].copy())
+        self.n_bytes += size
+        self.tree.set(entry, tokens)
+
+    def restore(self, entry: int, slot: int, n_tokens: int) -> None:
+        """Copy the first n_tokens cells of `entry` into slot `slot`."""
+        k, v = self.entries[entry]
+        self.k[:, slot, :n_tokens] = k[:, :n_tokens]
+        self.v[:, slot, :n_tokens] = v[:, :n_tokens]
+        self.entries.move_to_end(entry)
+
+    def _drop(self, entry: int) -> None:
+        k, v = self.entries.pop(entry)
+        self.n_bytes -= k.nbytes + v.nbytes
+        self.tree.remove(entry)
