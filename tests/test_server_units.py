@@ -134,3 +134,24 @@ def test_prompt_cache_saves_restores_and_evicts():
     tree.set(1, second)
     cache.save(0, second)  # slot 1 holds it whole already: nothing new
     assert len(cache.entries) == 2
+
+
+def test_prompt_cache_never_evicts_the_entry_about_to_be_restored():
+    import numpy as np
+
+    from edgeinfer.server.prefix import PrefixTree
+    from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
+
+    n = MIN_TOKENS
+    k = np.zeros((1, 2, 64, 2), np.uint16)
+    tree = PrefixTree()
+    cache = PromptCache(tree, k, k.copy(), budget_bytes=2 * k[:, 0, :n].nbytes)  # one entry
+    old, new = list(range(n)), list(range(100, 100 + n))
+    cache.save(0, old)
+    (entry,) = cache.entries
+    tree.set(0, new)
+    cache.save(0, new, keep=entry)  # would only fit by evicting `entry`: not saved
+    assert cache.holds(entry) and len(cache.entries) == 1
+    cache.restore(entry, 1, n)
+    cache.save(0, new)  # without a restore pending it replaces the old entry
+    assert not cache.holds(entry) and len(cache.entries) == 1

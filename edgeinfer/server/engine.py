@@ -298,13 +298,12 @@ class Engine(threading.Thread):
         prompt, params = job.prompt, job.params
         shared = self.tree.match(prompt)
         n_past = shared.get(slot.id, 0) if params.cache_prompt else 0
+        src = max(shared, key=shared.get, default=slot.id) if params.cache_prompt else slot.id
         if len(slot.cache) > n_past:  # the rest of the slot's sequence is about to go
-            self.saved.save(slot.id, slot.cache)
-        if params.cache_prompt:
-            src = max(shared, key=shared.get, default=slot.id)
-            if shared.get(src, 0) > n_past:  # another slot or a saved sequence holds more
-                n_past = shared[src]
-                self._copy_prefix(src, slot.id, n_past)
+            self.saved.save(slot.id, slot.cache, keep=src)
+        if params.cache_prompt and shared.get(src, 0) > n_past:  # a slot or saved sequence
+            n_past = shared[src]  # holds more of this prompt than this slot does
+            self._copy_prefix(src, slot.id, n_past)
         n_past = min(n_past, len(prompt) - 1)  # re-evaluate one token to get logits
         slot.cache = list(prompt[:n_past])
         self.tree.set(slot.id, slot.cache)

@@ -34,17 +34,19 @@ class PromptCache:
     def holds(self, entry: int) -> bool:
         return entry in self.entries
 
-    def save(self, slot: int, tokens: Sequence[int]) -> None:
+    def save(self, slot: int, tokens: Sequence[int], keep: int = -1) -> None:
         """Keep slot `slot`'s K/V for `tokens` (the slot's cells 0..n-1) unless they are too
-        short, too big for the budget, or already held whole by another slot or entry."""
+        short, already held whole by another slot or entry, or would need entry `keep` (about
+        to be restored) evicted to fit."""
         n = len(tokens)
         size = 2 * self.k[:, slot, :n].nbytes
-        if n < MIN_TOKENS or size > self.budget:
+        if n < MIN_TOKENS or size > self.budget - (self._size(keep) if keep in self.entries else 0):
             return
         if any(shared == n for other, shared in self.tree.match(tokens).items() if other != slot):
             return
         while self.n_bytes + size > self.budget:
-            self._drop(next(iter(self.entries)))
+            oldest = next(entry for entry in self.entries if entry != keep)
+            self._drop(oldest)
         entry = next(self._ids)
         self.entries[entry] = (self.k[:, slot, :n].copy(), self.v[:, slot, :n].copy())
         self.n_bytes += size
@@ -56,6 +58,10 @@ class PromptCache:
         self.k[:, slot, :n_tokens] = k[:, :n_tokens]
         self.v[:, slot, :n_tokens] = v[:, :n_tokens]
         self.entries.move_to_end(entry)
+
+    def _size(self, entry: int) -> int:
+        k, v = self.entries[entry]
+        return k.nbytes + v.nbytes
 
     def _drop(self, entry: int) -> None:
         k, v = self.entries.pop(entry)
