@@ -117,7 +117,7 @@ def test_matmul_zero_activations_give_zero():
         assert not run_kernel(qtype, w, xq, xd, xs, x).any()
 
 
-@pytest.mark.parametrize("n_tok", [3, kquants.PARALLEL_TOKENS + 5], ids=["serial", "threads"])
+@pytest.mark.parametrize("n_tok", [3, kquants.PARALLEL_ROWS + 5], ids=["serial", "threads"])
 def test_q8_k_matches_reference_transcription(n_tok):
     rng = np.random.default_rng(2)
     scale = rng.uniform(0.01, 100, (n_tok, 1))

@@ -37,6 +37,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from edgeinfer.kernels.ops import PARALLEL_ROWS
 from edgeinfer.kernels.registry import ActFormat, register
 
 QK_K = 256
@@ -354,7 +355,6 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
 PREFETCH_BYTES = 2048
 TILE = 8  # tokens per weight-block unpack (prefill, batches)
-PARALLEL_TOKENS = 32  # activation quantization of this many tokens or more uses all threads
 ROWS_PER_CHUNK = 8  # rows per prange task
 
 # qtype -> (unpack, block bytes), filled by _make_matmul.
@@ -568,8 +568,9 @@ def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
 
 def quantize_q8_k(x: np.ndarray, xq, xd, xs, xf) -> None:  # xf unused
     """ggml's quantize_row_q8_K_ref for each token; prefill batches split tokens across
-    threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill)."""
-    kernel = _quantize_q8_k_parallel if len(x) >= PARALLEL_TOKENS else _quantize_q8_k_serial
+    threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill). The row ops'
+    threshold, so Model's warm-up compiles both variants."""
+    kernel = _quantize_q8_k_parallel if len(x) >= PARALLEL_ROWS else _quantize_q8_k_serial
     kernel(x, xq, xd, xs)
 
 

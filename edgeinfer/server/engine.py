@@ -298,7 +298,7 @@ class Engine(threading.Thread):
         prompt, params = job.prompt, job.params
         shared = self.tree.match(prompt)
         n_past = shared.get(slot.id, 0) if params.cache_prompt else 0
-        src = max(shared, key=shared.get, default=slot.id) if params.cache_prompt else slot.id
+        src = max(shared, key=shared.get, default=slot.id)
         if len(slot.cache) > n_past:  # the rest of the slot's sequence is about to go
             self.saved.save(slot.id, slot.cache, keep=src)
         if params.cache_prompt and shared.get(src, 0) > n_past:  # a slot or saved sequence
