@@ -7,20 +7,21 @@ llama.cpp (`src/llama-vocab.cpp`) tokenizes in two stages, and so do we:
    and split out. With `parse_special=False` CONTROL/UNKNOWN tokens are left as text but
    USER_DEFINED ones are still split out. HF `tokenizers` matches added tokens leftmost-longest
    instead, which differs for overlapping tokens, so we never give it added tokens.
-2. **Each remaining text fragment** goes through an HF `tokenizers.Tokenizer` built to match:
-   * `gpt2` vocabularies: byte-level BPE, the pre-tokenizer being llama.cpp's regex list for
-     `tokenizer.ggml.pre` (`tokenizer_tables.PRE_TYPES`) as `Split(..., "isolated")` steps;
-   * `llama` (SentencePiece) vocabularies: llama.cpp merges the adjacent pair whose result has
-     the highest *score*, so a BPE whose merges split tokens in two, ranked by the result's
-     score, gives the same ids (`_spm_merge_table`); spaces become `▁`, and a `' '` is
-     prepended to every fragment that starts the text or follows a special token when
-     `add_space_prefix`;
-   * `gemma4`: BPE over raw UTF-8 with `▁` spaces, split at newline runs.
+2. **Each remaining text fragment** is tokenized by the vocabulary's own algorithm:
+   * `llama` (SentencePiece) vocabularies: llama.cpp's merge loop itself (`SpmEncoder`), in
+     Python: repeatedly join the adjacent pair whose concatenation is the best-scoring token;
+     spaces become `▁`, and a `' '` is prepended to every fragment that starts the text or
+     follows a special token when `add_space_prefix`. A `tokenizers` BPE can only emulate
+     it (ties and non-token characters differ) and holds ~80 MB for Gemma 3's 262k tokens;
+   * `gpt2` vocabularies: an HF `tokenizers.Tokenizer`, byte-level BPE, the pre-tokenizer
+     being llama.cpp's regex list for `tokenizer.ggml.pre` (`tokenizer_tables.PRE_TYPES`) as
+     `Split(..., "isolated")` steps;
+   * `gemma4`: an HF BPE over raw UTF-8 with `▁` spaces, split at newline runs.
 
-Deriving the 262k-token SPM merges costs seconds, so the merge table is cached (`.npy`) under
-`cache_dir`, keyed by a hash of everything it is built from. Detokenization uses per-id
-byte pieces with llama.cpp's `token_to_piece` rules, built lazily, never HF decoders (they
-differ on control, unknown and user-defined tokens). Reference: shared/docs/tokenizer.md.
+The BPE merge table (token-id triples) is cached (`.npy`) under `cache_dir`, keyed by a hash of
+everything it is built from. Detokenization uses per-id byte pieces with llama.cpp's
+`token_to_piece` rules, built lazily, never HF decoders (they differ on control, unknown and
+user-defined tokens). Reference: shared/docs/tokenizer.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import heapq
 import os
 import re
 import tempfile
+from array import array
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -57,7 +59,76 @@ _NEWLINE_RUNS = re.compile(r"[^\n]+|\n+")
 
 
 # ---------------------------------------------------------------------------------------------
-# Vocab -> HF tokenizers.Tokenizer (cached)
+# SentencePiece vocabularies: llama.cpp's algorithm
+# ---------------------------------------------------------------------------------------------
+
+
+class SpmEncoder:
+    """`llm_tokenizer_spm_session::tokenize`: start from the text's characters, keep merging
+    the adjacent pair whose concatenation is a token with the highest score (ties: leftmost),
+    then emit each symbol's id, or its UTF-8 bytes as `<0xXX>` tokens if it is not a token.
+    Symbols are compared in characters where llama.cpp counts bytes: a span that starts at
+    a fixed place has as many of one as it has of the other, so the stale checks agree."""
+
+    def __init__(self, vocab: Vocab):
+        self._index = vocab.index
+        self._score = array("f", vocab.scores.astype(np.float32).tobytes())  # floats on read
+        self._unk = vocab.ids.get("unk")
+
+    def encode(self, text: str, out: list[int]) -> None:
+        index, score = self._index, self._score
+        syms = list(text)
+        n = len(syms)
+        nxt = [*range(1, n), -1]
+        prv = list(range(-1, n - 1))
+        heap = []
+        for i in range(n - 1):
+            tid = index.get(syms[i] + syms[i + 1])
+            if tid is not None:
+                heap.append((-score[tid], i, i + 1, 2))
+        heapq.heapify(heap)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            a, b = syms[left], syms[right]
+            if not a or not b or len(a) + len(b) != size:
+                continue  # a side has been merged since this pair was queued
+            merged = syms[left] = a + b
+            syms[right] = ""
+            nxt[left] = after = nxt[right]
+            if after >= 0:
+                prv[after] = left
+                self._push(heap, left, after, merged + syms[after])
+            before = prv[left]
+            if before >= 0:
+                self._push(heap, before, left, syms[before] + merged)
+        for sym in syms:
+            if sym:
+                tid = index.get(sym)
+                out.extend((tid,) if tid is not None else self._bytes(sym))
+
+    def _push(self, heap: list, left: int, right: int, pair: str) -> None:
+        tid = self._index.get(pair)
+        if tid is not None:
+            heapq.heappush(heap, (-self._score[tid], left, right, len(pair)))
+
+    def _bytes(self, sym: str) -> list[int]:
+        """`byte_to_token`: `<0xXX>`, else the byte itself as a token; llama.cpp throws if
+        neither exists, we fall back to the unknown token."""
+        ids = []
+        for byte in sym.encode("utf-8", "surrogateescape"):
+            tid = self._index.get(f"<0x{byte:02X}>")
+            if tid is None:
+                tid = self._index.get(bytes([byte]).decode("utf-8", "surrogateescape"))
+            if tid is None:
+                tid = self._unk
+            if tid is None:
+                raise EdgeInferError(f"the vocabulary has no token for byte 0x{byte:02X}")
+            ids.append(tid)
+        return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# BPE vocabularies: HF tokenizers.Tokenizer (cached merge table)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -75,83 +146,6 @@ def _has_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def _spm_last_merge(text: str, score_of: dict[str, float]) -> tuple[str, str] | None:
-    """Run llama.cpp's SPM merge loop (`llm_tokenizer_spm_session`) on `text` alone and return
-    the final merge if the whole text ends up as one symbol.
-
-    Highest score first, ties to the leftmost pair; a queued pair is stale once either side
-    has changed size."""
-    n = len(text)
-    syms = list(text)
-    nxt = [*range(1, n), -1]
-    prv = list(range(-1, n - 1))
-    heap = []
-    for i in range(n - 1):
-        score = score_of.get(syms[i] + syms[i + 1])
-        if score is not None:
-            heap.append((-score, i, i + 1, 2))
-    heapq.heapify(heap)
-    last = None
-    while heap:
-        _, left, right, size = heapq.heappop(heap)
-        a, b = syms[left], syms[right]
-        if not a or not b or len(a) + len(b) != size:
-            continue
-        last = (a, b)
-        merged = syms[left] = a + b
-        syms[right] = ""
-        nxt[left] = after = nxt[right]
-        if after >= 0:
-            prv[after] = left
-            _push_pair(heap, score_of, left, after, merged, syms[after])
-        if prv[left] >= 0:
-            _push_pair(heap, score_of, prv[left], left, syms[prv[left]], merged)
-    return last if len(syms[0]) == n else None
-
-
-def _push_pair(heap: list, score_of: dict, left: int, right: int, a: str, b: str) -> None:
-    score = score_of.get(a + b)
-    if score is not None:
-        heapq.heappush(heap, (-score, left, right, len(a) + len(b)))
-
-
-def _spm_merge_table(vocab: Vocab) -> np.ndarray:
-    """(n_merges, 3) [left, right, result] ids in rank order for an SPM vocabulary.
-
-    llama.cpp merges the adjacent pair whose concatenation is the best-scoring token, which a
-    BPE reproduces when its merges are ranked by the result's score. Of all the ways to split
-    a token in two, only one can ever be its final merge: the one llama.cpp's loop takes on the
-    token's own text (whatever surrounds a span, the merges inside it happen in the same order
-    until the token forms). Keeping only that split halves the merges (Gemma 3: 236k instead
-    of 515k), and with them the time `tokenizers` needs to build the model on every start.
-
-    That argument needs HF's order to be llama.cpp's, which fails between different tokens of
-    equal score (llama.cpp: leftmost pair first; HF: lowest rank first). Tokens whose score is
-    shared keep every split, which is what makes e.g. llama-spm's `▁▁▁▁` come out whole."""
-    hf_vocab = _hf_vocab(vocab)
-    score_list = vocab.scores.tolist()
-    score_of = {t: score_list[i] for t, i in hf_vocab.items()}
-    _, inverse, counts = np.unique(vocab.scores, return_inverse=True, return_counts=True)
-    tied = (counts[inverse] > 1).tolist()
-    rows = []
-    for token, tid in hf_vocab.items():
-        if len(token) < 2:
-            continue
-        if tied[tid]:
-            splits = [(token[:k], token[k:]) for k in range(1, len(token))]
-        else:
-            split = _spm_last_merge(token, score_of)
-            splits = [split] if split is not None else []
-        # HF merges need both halves in the vocab; llama.cpp can also merge a character that
-        # is not a token (a known, rare difference: HF falls back to bytes there).
-        rows += [
-            (hf_vocab[a], hf_vocab[b], tid) for a, b in splits if a in hf_vocab and b in hf_vocab
-        ]
-    table = np.asarray(rows, dtype=np.int32).reshape(-1, 3)
-    order = np.lexsort((table[:, 2], -vocab.scores[table[:, 2]].astype(np.float64)))
-    return table[order]
 
 
 def _bpe_merge_table(vocab: Vocab) -> np.ndarray:
@@ -174,26 +168,10 @@ def _bpe_merge_table(vocab: Vocab) -> np.ndarray:
     return np.asarray(rows, dtype=np.int32).reshape(-1, 3)
 
 
-def _merge_table(vocab: Vocab) -> np.ndarray:
-    if vocab.kind == "spm":
-        return _spm_merge_table(vocab)
-    return _bpe_merge_table(vocab)
-
-
 def _build_hf(vocab: Vocab, table: np.ndarray) -> tokenizers.Tokenizer:
     tokens = vocab.tokens
     pairs = list(zip(_lookup(tokens, table[:, 0]), _lookup(tokens, table[:, 1])))
     hf_vocab = _hf_vocab(vocab)
-    if vocab.kind == "spm":
-        unk = vocab.ids.get("unk")
-        model = models.BPE(
-            hf_vocab,
-            pairs,
-            unk_token=tokens[unk] if unk is not None else None,
-            byte_fallback=True,
-            fuse_unk=False,
-        )
-        return tokenizers.Tokenizer(model)  # no normalizer: spaces are escaped by the caller
     if vocab.kind == "raw_bpe":
         return tokenizers.Tokenizer(models.BPE(hf_vocab, pairs, byte_fallback=True))
     model = models.BPE(hf_vocab, pairs, ignore_merges=vocab.spec.ignore_merges)
@@ -238,7 +216,7 @@ def _load_or_build(vocab: Vocab, cache_dir: Path) -> tokenizers.Tokenizer:
     path = cache_dir / f"{_cache_key(vocab)}.npy"
     table = _read_table(path, len(vocab.tokens))
     if table is None:
-        table = _merge_table(vocab)
+        table = _bpe_merge_table(vocab)
         _write_table(path, table)
     return _build_hf(vocab, table)
 
@@ -388,9 +366,10 @@ class StreamDecoder:
 class Tokenizer:
     """llama.cpp-exact tokenizer for a GGUF vocabulary; build with `from_metadata`."""
 
-    def __init__(self, vocab: Vocab, hf: tokenizers.Tokenizer):
+    def __init__(self, vocab: Vocab, hf: tokenizers.Tokenizer | None):
         self._vocab = vocab
-        self._hf = hf
+        self._hf = hf  # BPE vocabularies
+        self._spm = SpmEncoder(vocab) if vocab.kind == "spm" else None
         self._tokens = vocab.tokens
         self._attrs = vocab.attrs
         self._pieces: list[bytes | None] = [None] * len(vocab.tokens)
@@ -408,9 +387,11 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: dict, cache_dir: Path | None = None) -> Tokenizer:
-        """Build from GGUF metadata (`GGUFFile(path).metadata`). The derived merge table is
-        cached in `cache_dir` (default: `default_cache_dir()`)."""
+        """Build from GGUF metadata (`GGUFFile(path).metadata`). A BPE vocabulary's merge
+        table is cached in `cache_dir` (default: `default_cache_dir()`)."""
         vocab = read_vocab(meta)
+        if vocab.kind == "spm":
+            return cls(vocab, None)
         hf = _load_or_build(vocab, Path(cache_dir) if cache_dir else default_cache_dir())
         return cls(vocab, hf)
 
@@ -445,7 +426,7 @@ class Tokenizer:
                 continue
             if self._vocab.add_space_prefix and prev_special:
                 frag = " " + frag
-            ids += self._hf.encode(frag.replace(" ", _SPACE_MARK), add_special_tokens=False).ids
+            self._spm.encode(frag.replace(" ", _SPACE_MARK), ids)
             prev_special = False
 
     def _encode_bpe(self, fragments: list[str | int], ids: list[int]) -> None:

@@ -5,9 +5,9 @@ each per forward pass (what the server's continuous batching runs), next to B = 
 
 Every sequence sits in its own KV-cache slot at its own position (slot s first prefilled
 with --context + s random tokens); each measurement decodes --steps tokens from there
-(rewriting the same cells each time, so the context stays the same). Batch sizes alternate within each of --rounds rounds, so machine
-noise hits them alike; reported are median step times and tokens/s, and each B's ratio to
-B = 1 from the same rounds.
+(rewriting the same cells each time, so the context stays the same). Batch sizes alternate
+within each of --rounds rounds, so machine noise hits them alike; reported are median step
+times and tokens/s, and each B's ratio to B = 1 from the same rounds.
 """
 
 from __future__ import annotations

@@ -157,14 +157,14 @@ def test_warm_build_reads_the_cache(real_model, tmp_path, monkeypatch):
     """The second build must not derive the merges again and must give the same ids."""
     import edgeinfer.tokenizer as tokenizer_module
 
-    meta = GGUFFile(real_model(MODELS["gemma3"])).metadata
+    meta = GGUFFile(real_model(MODELS["smollm2"])).metadata
     cold = Tokenizer.from_metadata(meta, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.npy"))) == 1
 
     def fail(vocab):
         raise AssertionError("merge table rebuilt despite the cache")
 
-    monkeypatch.setattr(tokenizer_module, "_merge_table", fail)
+    monkeypatch.setattr(tokenizer_module, "_bpe_merge_table", fail)
     warm = Tokenizer.from_metadata(meta, cache_dir=tmp_path)
-    text = "Caching must not change a single id: 日本語 🦙 <start_of_turn>"
+    text = "Caching must not change a single id: 日本語 🦙 <|im_start|>"
     assert warm.encode(text) == cold.encode(text)
