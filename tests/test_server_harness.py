@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,9 +26,9 @@ class ServerProcess:
     def __init__(self, model: Path, *args: str, timeout: float = 600.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        log_dir = Path(os.environ.get("TMPDIR", "/tmp"))
-        self.log_path = log_dir / f"edgeinfer-server-{self.port}.log"
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        fd, log_path = tempfile.mkstemp(prefix=f"edgeinfer-server-{self.port}-", suffix=".log")
+        self.log_path = Path(log_path)
+        self.log = os.fdopen(fd, "w")  # closed and removed in stop()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "edgeinfer.server", str(model), "--port", str(self.port),
@@ -38,15 +39,20 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{self.log_path.read_text()}")
+                raise RuntimeError(f"server exited:\n{self._read_and_stop()}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self._read_and_stop()}")
+
+    def _read_and_stop(self) -> str:
+        self.log.flush()
+        log = self.log_path.read_text()
         self.stop()
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log_path.read_text()}")
+        return log
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -56,6 +62,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+        self.log_path.unlink(missing_ok=True)
 
     def wait_idle(self, timeout: float = 30.0) -> list[dict]:
         """Poll /slots until no slot is processing; return the last answer."""
