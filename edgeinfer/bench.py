@@ -2,6 +2,8 @@
 
 pp N: one batched forward of N random tokens on a fresh context. tg N: N single-token
 decode steps from an empty context, each feeding the previous token, as llama-bench does.
+With a depth D (llama-bench -d), each run first fills the context with D random tokens,
+untimed, and the test continues from there ("pp512 @ d4096"): long-context speed.
 Rows carry llama-bench's JSON field names so tools that read one read both.
 """
 
@@ -21,6 +23,7 @@ class BenchRow:
     n_threads: int
     n_prompt: int
     n_gen: int
+    n_depth: int = 0
     avg_ts: float = 0.0
     stddev_ts: float = 0.0
     samples_ts: list[float] = field(default_factory=list)
@@ -29,47 +32,61 @@ class BenchRow:
 
     @property
     def test(self) -> str:
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     def as_json(self) -> dict:
         return asdict(self)
 
 
-def _time_pp(model, n: int, rng: np.random.Generator) -> float:
+def _fill(model, depth: int, rng: np.random.Generator) -> None:
+    """The untimed context of a depth test: `depth` random tokens in slot 0."""
+    if depth:
+        ids = rng.integers(0, model.config.n_vocab, size=depth).astype(np.int32)
+        pos = np.arange(depth, dtype=np.int32)
+        model.transformer.forward(ids, pos, np.zeros(depth, np.int32), pos[:0],
+                                  np.zeros((0, model.config.n_vocab), np.float32))
+
+
+def _time_pp(model, n: int, depth: int, rng: np.random.Generator) -> float:
+    _fill(model, depth, rng)
     ids = rng.integers(0, model.config.n_vocab, size=n).astype(np.int32)
-    rows = np.arange(n, dtype=np.int32)
+    pos = np.arange(depth, depth + n, dtype=np.int32)
     logits = np.zeros((1, model.config.n_vocab), np.float32)
     t = time.perf_counter()
-    model.transformer.forward(ids, rows, np.zeros(n, np.int32), rows[-1:], logits)
+    model.transformer.forward(ids, pos, np.zeros(n, np.int32), np.array([n - 1], np.int32),
+                              logits)
     return time.perf_counter() - t
 
 
-def _time_tg(model, n: int, rng: np.random.Generator) -> float:
+def _time_tg(model, n: int, depth: int, rng: np.random.Generator) -> float:
+    _fill(model, depth, rng)
     token, pos, slot, row = (np.zeros(1, np.int32) for _ in range(4))
     logits = np.zeros((1, model.config.n_vocab), np.float32)
     token[0] = rng.integers(0, model.config.n_vocab)
     t = time.perf_counter()
-    for p in range(n):
+    for p in range(depth, depth + n):
         pos[0] = p
         model.transformer.forward(token, pos, slot, row, logits)
         token[0] = int(logits[0].argmax())
     return time.perf_counter() - t
 
 
-def run_bench(model, n_prompt: int, n_gen: int, reps: int, threads: int) -> list[BenchRow]:
+def run_bench(model, n_prompt: int, n_gen: int, reps: int, threads: int,
+              depth: int = 0) -> list[BenchRow]:
     """One warm-up then `reps` timed runs of each test; returns pp and tg rows."""
     rng = np.random.default_rng(0)
     rows = []
     for n, timer, kind in ((n_prompt, _time_pp, "pp"), (n_gen, _time_tg, "tg")):
         if n <= 0:
             continue
-        timer(model, min(n, 16), rng)  # warm-up: kernels loaded, caches touched
-        seconds = [timer(model, n, rng) for _ in range(reps)]
+        timer(model, min(n, 16), 0, rng)  # warm-up: kernels loaded, caches touched
+        seconds = [timer(model, n, depth, rng) for _ in range(reps)]
         ts = [n / s for s in seconds]
         rows.append(BenchRow(
             model_filename=str(model.path), model_type=f"{model.config.arch} {model.config.name}",
             n_threads=threads, n_prompt=n if kind == "pp" else 0, n_gen=n if kind == "tg" else 0,
-            avg_ts=float(np.mean(ts)), stddev_ts=float(np.std(ts)), samples_ts=ts,
+            n_depth=depth, avg_ts=float(np.mean(ts)), stddev_ts=float(np.std(ts)), samples_ts=ts,
             samples_ns=[int(s * 1e9) for s in seconds], peak_rss_mb=peak_rss_mb()))
     return rows
 

@@ -99,13 +99,15 @@ def bench(
     n_gen: int = typer.Option(128, "-n", "--n-gen", help="Generated tokens (tg test)."),
     threads: int | None = THREADS,
     reps: int = typer.Option(5, "-r", "--repetitions"),
+    n_depth: int = typer.Option(0, "-d", "--n-depth",
+                                help="Tokens already in the context before each test."),
     ctx_size: int = CTX,
     as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
 ) -> None:
     """Measure prompt processing and generation speed, like llama-bench."""
     from edgeinfer.commands.bench import bench_command
 
-    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json)
+    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json, n_depth)
 
 
 @app.command()

@@ -1,6 +1,6 @@
 """edgeinfer against llama.cpp on the same GGUF file and thread count, alternating runs.
 
-    python scripts/bench_vs_llamacpp.py MODEL [-p 512] [-n 128] [-t 2] [-r 5]
+    python scripts/bench_vs_llamacpp.py MODEL [-p 512] [-n 128] [-t 2] [-d 0] [-r 5]
         [--llama-python /path/to/venv/bin/python | --llama-bench /path/to/llama-bench]
         [--json out.json]
 
@@ -8,7 +8,9 @@ llama.cpp is reached through a llama-bench binary, or through llama-cpp-python i
 another interpreter (a separate venv: the product never needs it). Each round runs one
 repetition of each engine, one after the other, so both see the same machine load; the
 figures are medians over the rounds and the ratio is edgeinfer / llama.cpp. Prints a table
-and writes llama-bench shaped JSON rows with an `engine` field.
+and writes llama-bench shaped JSON rows with an `engine` field. -d runs each test after that
+many context tokens (llama-bench -d). llama-bench keeps its defaults, flash attention
+included (auto: on for a CPU).
 """
 
 from __future__ import annotations
@@ -25,20 +27,20 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = textwrap.dedent("""
     import json, sys, time, random
     from llama_cpp import Llama
-    path, n_prompt, n_gen, threads = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                      int(sys.argv[4]))
-    llm = Llama(model_path=path, n_ctx=max(512, n_prompt + n_gen), n_threads=threads,
+    path, n_prompt, n_gen, threads, depth = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                             int(sys.argv[4]), int(sys.argv[5]))
+    llm = Llama(model_path=path, n_ctx=max(512, depth + max(n_prompt, n_gen)), n_threads=threads,
                 n_threads_batch=threads, n_batch=512, n_ubatch=512, verbose=False)
     vocab = llm.n_vocab()
     rnd = random.Random(0)
     out = {}
     if n_prompt:
         llm.reset(); llm.eval([rnd.randrange(vocab) for _ in range(16)])
-        llm.reset()
+        llm.reset(); llm.eval([rnd.randrange(vocab) for _ in range(depth)])
         toks = [rnd.randrange(vocab) for _ in range(n_prompt)]
         t = time.perf_counter(); llm.eval(toks); out["pp"] = n_prompt / (time.perf_counter() - t)
     if n_gen:
-        llm.reset()
+        llm.reset(); llm.eval([rnd.randrange(vocab) for _ in range(depth)])
         tok = rnd.randrange(vocab)
         t = time.perf_counter()
         for _ in range(n_gen):
@@ -48,21 +50,24 @@ LLAMA_CPP_PYTHON = textwrap.dedent("""
 """)
 
 
-def run_edgeinfer(model: str, n_prompt: int, n_gen: int, threads: int) -> dict:
+def run_edgeinfer(model: str, n_prompt: int, n_gen: int, threads: int, depth: int) -> dict:
     cmd = [sys.executable, "-m", "edgeinfer.cli", "bench", model, "-p", str(n_prompt),
-           "-n", str(n_gen), "-t", str(threads), "-r", "1", "--json"]
+           "-n", str(n_gen), "-t", str(threads), "-d", str(depth), "-r", "1", "--json"]
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
 
 
-def run_llama_python(python: str, model: str, n_prompt: int, n_gen: int, threads: int) -> dict:
-    cmd = [python, "-c", LLAMA_CPP_PYTHON, model, str(n_prompt), str(n_gen), str(threads)]
+def run_llama_python(python: str, model: str, n_prompt: int, n_gen: int, threads: int,
+                     depth: int) -> dict:
+    cmd = [python, "-c", LLAMA_CPP_PYTHON, model, str(n_prompt), str(n_gen), str(threads),
+           str(depth)]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def run_llama_bench(binary: str, model: str, n_prompt: int, n_gen: int, threads: int) -> dict:
+def run_llama_bench(binary: str, model: str, n_prompt: int, n_gen: int, threads: int,
+                    depth: int) -> dict:
     cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads),
-           "-r", "1", "-o", "json"]
+           "-d", str(depth), "-r", "1", "-o", "json"]
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
 
@@ -73,6 +78,7 @@ def main() -> None:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in context first")
     ap.add_argument("-r", "--rounds", type=int, default=5)
     ap.add_argument("--llama-python", help="python of a venv with llama-cpp-python")
     ap.add_argument("--llama-bench", help="a llama-bench binary")
@@ -80,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.llama_python or args.llama_bench):
         sys.exit("llama.cpp not given: pass --llama-python or --llama-bench")
-    spec = (args.model, args.n_prompt, args.n_gen, args.threads)
+    spec = (args.model, args.n_prompt, args.n_gen, args.threads, args.n_depth)
     samples: dict[str, dict[str, list[float]]] = {"edgeinfer": {}, "llama.cpp": {}}
     for i in range(args.rounds):
         ours = run_edgeinfer(*spec)
@@ -97,17 +103,19 @@ def main() -> None:
 
 def report(samples: dict, args) -> list[dict]:
     rows = []
+    at = f" @ d{args.n_depth}" if args.n_depth else ""
     print(f"{'test':8s} {'edgeinfer t/s':>14s} {'llama.cpp t/s':>14s} {'ratio':>7s}")
     for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
         if test not in samples["edgeinfer"]:
             continue
         ours = statistics.median(samples["edgeinfer"][test])
         theirs = statistics.median(samples["llama.cpp"][test])
-        print(f"{test}{n:<6d} {ours:14.2f} {theirs:14.2f} {ours / theirs:7.2f}")
+        print(f"{test}{n}{at:<6s} {ours:14.2f} {theirs:14.2f} {ours / theirs:7.2f}")
         for engine in samples:
             ts = samples[engine][test]
             rows.append({"engine": engine, "model_filename": args.model,
-                         "n_threads": args.threads, "n_prompt": n if test == "pp" else 0,
+                         "n_threads": args.threads, "n_depth": args.n_depth,
+                         "n_prompt": n if test == "pp" else 0,
                          "n_gen": n if test == "tg" else 0, "avg_ts": statistics.mean(ts),
                          "stddev_ts": statistics.pstdev(ts), "samples_ts": ts,
                          "median_ts": statistics.median(ts)})

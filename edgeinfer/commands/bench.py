@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import sys
 
+from edgeinfer.errors import EdgeInferError
+
 
 def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | None,
-                  reps: int, n_ctx: int, as_json: bool) -> None:
+                  reps: int, n_ctx: int, as_json: bool, depth: int = 0) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -16,12 +18,18 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     from edgeinfer.commands.progress import status
     from edgeinfer.pull import resolve_model
 
+    if min(n_prompt, n_gen, depth) < 0:
+        raise EdgeInferError("-p, -n and -d must not be negative")
+    need = depth + max(n_prompt, n_gen)
+    if n_ctx and n_ctx < need:
+        raise EdgeInferError(f"context size {n_ctx} is too small for -d {depth} and the tests "
+                             f"(needs {need})")
     path = resolve_model(model)
     with status(f"loading {path.name}") as update:
-        loaded = Model.load(path, n_ctx=n_ctx or max(512, n_prompt + n_gen), threads=threads,
+        loaded = Model.load(path, n_ctx=n_ctx or max(512, need), threads=threads,
                             progress=update)
     settle_heap()
-    rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads))
+    rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads), depth)
     if as_json:
         sys.stdout.write(json.dumps([r.as_json() for r in rows], indent=2) + "\n")
         return
