@@ -1,9 +1,9 @@
 """llama-bench's measurements: pp (prompt processing) and tg (text generation) tokens/s.
 
 pp N: one batched forward of N random tokens on a fresh context. tg N: N single-token
-decode steps from an empty context, each feeding the previous token, as llama-bench does.
-With a depth D (llama-bench -d), each run first fills the context with D random tokens,
-untimed, and the test continues from there ("pp512 @ d4096"): long-context speed.
+decode steps from an empty context, each on a random token, as llama-bench does. With a
+depth D (llama-bench -d), the context first holds D random tokens, filled once and untimed,
+and every test run continues from there ("pp512 @ d4096"): long-context speed.
 Rows carry llama-bench's JSON field names so tools that read one read both.
 """
 
@@ -40,7 +40,8 @@ class BenchRow:
 
 
 def _fill(model, depth: int, rng: np.random.Generator) -> None:
-    """The untimed context of a depth test: `depth` random tokens in slot 0."""
+    """The untimed context of the depth tests: `depth` random tokens in slot 0, cells the
+    tests (which write from `depth` on) leave alone, so one fill serves every repetition."""
     if depth:
         ids = rng.integers(0, model.config.n_vocab, size=depth).astype(np.int32)
         pos = np.arange(depth, dtype=np.int32)
@@ -49,7 +50,6 @@ def _fill(model, depth: int, rng: np.random.Generator) -> None:
 
 
 def _time_pp(model, n: int, depth: int, rng: np.random.Generator) -> float:
-    _fill(model, depth, rng)
     ids = rng.integers(0, model.config.n_vocab, size=n).astype(np.int32)
     pos = np.arange(depth, depth + n, dtype=np.int32)
     logits = np.zeros((1, model.config.n_vocab), np.float32)
@@ -60,27 +60,29 @@ def _time_pp(model, n: int, depth: int, rng: np.random.Generator) -> float:
 
 
 def _time_tg(model, n: int, depth: int, rng: np.random.Generator) -> float:
-    _fill(model, depth, rng)
-    token, pos, slot, row = (np.zeros(1, np.int32) for _ in range(4))
+    """n one-token steps; like llama-bench, each feeds a random token (no sampling)."""
+    tokens = rng.integers(0, model.config.n_vocab, size=n).astype(np.int32)
+    pos, slot, row = (np.zeros(1, np.int32) for _ in range(3))
     logits = np.zeros((1, model.config.n_vocab), np.float32)
-    token[0] = rng.integers(0, model.config.n_vocab)
     t = time.perf_counter()
-    for p in range(depth, depth + n):
-        pos[0] = p
-        model.transformer.forward(token, pos, slot, row, logits)
-        token[0] = int(logits[0].argmax())
+    for i in range(n):
+        pos[0] = depth + i
+        model.transformer.forward(tokens[i : i + 1], pos, slot, row, logits)
     return time.perf_counter() - t
 
 
 def run_bench(model, n_prompt: int, n_gen: int, reps: int, threads: int,
               depth: int = 0) -> list[BenchRow]:
-    """One warm-up then `reps` timed runs of each test; returns pp and tg rows."""
+    """A warm-up of each test, the depth fill, then `reps` timed runs of each test; returns
+    the pp and tg rows."""
     rng = np.random.default_rng(0)
-    rows = []
-    for n, timer, kind in ((n_prompt, _time_pp, "pp"), (n_gen, _time_tg, "tg")):
-        if n <= 0:
-            continue
+    tests = [(n, timer, kind) for n, timer, kind in
+             ((n_prompt, _time_pp, "pp"), (n_gen, _time_tg, "tg")) if n > 0]
+    for n, timer, _ in tests:
         timer(model, min(n, 16), 0, rng)  # warm-up: kernels loaded, caches touched
+    _fill(model, depth, rng)
+    rows = []
+    for n, timer, kind in tests:
         seconds = [timer(model, n, depth, rng) for _ in range(reps)]
         ts = [n / s for s in seconds]
         rows.append(BenchRow(

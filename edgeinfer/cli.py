@@ -144,13 +144,16 @@ def serve(
 def _read_prompt(prompt: str | None, file: Path | None) -> str | None:
     if prompt is not None and file is not None:
         _fail("give either -p/--prompt or -f/--file, not both")
-    if file is not None:
-        try:
+    try:
+        if file is not None:
             return file.read_text(encoding="utf-8")
-        except OSError as exc:
-            _fail(f"cannot read prompt file {file}: {exc.strerror}")
-    if prompt is None and not sys.stdin.isatty():
-        return sys.stdin.read()
+        if prompt is None and not sys.stdin.isatty():
+            return sys.stdin.read()
+    except OSError as exc:
+        _fail(f"cannot read prompt file {file}: {exc.strerror}")
+    except UnicodeDecodeError as exc:
+        _fail(f"the prompt {'file ' + str(file) if file else 'on stdin'} is not valid UTF-8 "
+              f"(byte {exc.start})")
     return prompt
 
 

@@ -484,7 +484,7 @@ def _read_tokens(meta: dict) -> list[str]:
 
 
 def _token_index(tokens: list[str]) -> dict[str, int]:
-    index = {t: i for i, t in enumerate(tokens)}
+    index = dict(zip(tokens, range(len(tokens))))
     if len(index) != len(tokens):
         dup = next(t for i, t in enumerate(tokens) if index[t] != i)
         raise EdgeInferError(f"corrupt tokenizer vocabulary: duplicate token {dup!r}")
@@ -531,7 +531,7 @@ def _detect_special_ids(index: dict[str, int], attrs: np.ndarray, ids: dict) -> 
 
 
 def _mark_unused(tokens: list[str], attrs: np.ndarray) -> None:
-    for tid in np.flatnonzero(attrs & Attr.CONTROL):
+    for tid in np.flatnonzero(attrs & Attr.CONTROL).tolist():
         if "unused" in tokens[tid]:
             attrs[tid] |= Attr.UNUSED
 

@@ -111,8 +111,8 @@ def main() -> None:
         for n in args.clients.split(","):  # median of --repeat: this machine kind is noisy
             runs = [asyncio.run(run_level(args.url, int(n), args.requests, args.max_tokens))
                     for _ in range(args.repeat)]
-            runs.sort(key=lambda level: level["tokens_per_s"])
-            median = runs[(len(runs) - 1) // 2]
+            by_speed = sorted(runs, key=lambda level: level["tokens_per_s"])
+            median = by_speed[(len(runs) - 1) // 2]  # the lower middle for an even count
             median["tokens_per_s_runs"] = [level["tokens_per_s"] for level in runs]
             levels.append(median)
     finally:

@@ -9,8 +9,8 @@ another interpreter (a separate venv: the product never needs it). Each round ru
 repetition of each engine, one after the other, so both see the same machine load; the
 figures are medians over the rounds and the ratio is edgeinfer / llama.cpp. Prints a table
 and writes llama-bench shaped JSON rows with an `engine` field. -d runs each test after that
-many context tokens (llama-bench -d). llama-bench keeps its defaults, flash attention
-included (auto: on for a CPU).
+many context tokens (llama-bench -d). Each llama.cpp keeps its defaults, which differ in
+attention: llama-bench's flash attention is auto (on for a CPU), llama-cpp-python's off.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run_llama_python(python: str, model: str, n_prompt: int, n_gen: int, threads
 def run_llama_bench(binary: str, model: str, n_prompt: int, n_gen: int, threads: int,
                     depth: int) -> dict:
     cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads),
-           "-d", str(depth), "-r", "1", "-o", "json"]
+           "-r", "1", "-o", "json", *(["-d", str(depth)] if depth else [])]
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
 
@@ -104,13 +104,14 @@ def main() -> None:
 def report(samples: dict, args) -> list[dict]:
     rows = []
     at = f" @ d{args.n_depth}" if args.n_depth else ""
-    print(f"{'test':8s} {'edgeinfer t/s':>14s} {'llama.cpp t/s':>14s} {'ratio':>7s}")
+    width = len(f"pp{max(args.n_prompt, args.n_gen)}{at}") + 2
+    print(f"{'test':{width}s} {'edgeinfer t/s':>14s} {'llama.cpp t/s':>14s} {'ratio':>7s}")
     for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
         if test not in samples["edgeinfer"]:
             continue
         ours = statistics.median(samples["edgeinfer"][test])
         theirs = statistics.median(samples["llama.cpp"][test])
-        print(f"{test}{n}{at:<6s} {ours:14.2f} {theirs:14.2f} {ours / theirs:7.2f}")
+        print(f"{f'{test}{n}{at}':{width}s} {ours:14.2f} {theirs:14.2f} {ours / theirs:7.2f}")
         for engine in samples:
             ts = samples[engine][test]
             rows.append({"engine": engine, "model_filename": args.model,

@@ -124,6 +124,18 @@ def test_wrong_flag_is_a_usage_error(tiny):
     assert out.returncode == 2 and "Traceback" not in out.stderr
 
 
+def test_prompt_that_is_not_utf8_is_one_line_error(tiny, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ab\xffcd")
+    from_file = edgeinfer("run", tiny, "-f", bad, "-n", 2)
+    piped = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "run", str(tiny), "-n", "2"],
+                           input=b"ab\xffcd", capture_output=True, timeout=300)
+    for out in (from_file, piped):
+        stderr = out.stderr if isinstance(out.stderr, str) else out.stderr.decode()
+        assert out.returncode == 1 and "Traceback" not in stderr, stderr
+        assert "not valid UTF-8" in stderr and len(stderr.strip().splitlines()) == 1
+
+
 def test_empty_prompt_is_an_error(tiny):
     out = edgeinfer("run", tiny, "-n", 2, stdin="")
     assert out.returncode == 1 and "empty prompt" in out.stderr

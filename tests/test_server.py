@@ -267,6 +267,15 @@ def test_bad_native_fields_are_400(server):
              "invalid_request_error")
 
 
+def test_prompt_with_a_lone_surrogate_is_400(server):
+    """JSON may escape half a surrogate pair; that is no text llama.cpp could tokenize."""
+    body = b'{"prompt": "ab\\udcffc", "n_predict": 2}'
+    for path in ("/completion", "/v1/completions"):
+        r = httpx.post(server.url + path, content=body,
+                       headers={"content-type": "application/json"})
+        assert "not valid UTF-8" in error_of(r, 400, "invalid_request_error")["message"]
+
+
 def test_prompt_too_long_is_400_with_sizes(server, client):
     long = "hello " * 600
     error = error_of(post(server, "/completion", {"prompt": long}), 400,

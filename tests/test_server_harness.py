@@ -50,7 +50,7 @@ class ServerProcess:
 
     def _read_and_stop(self) -> str:
         self.log.flush()
-        log = self.log_path.read_text()
+        log = self.log_path.read_text(errors="replace")
         self.stop()
         return log
 
@@ -61,7 +61,12 @@ class ServerProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.log.closed:  # stopped before
+            return
         self.log.close()
+        # pytest shows captured output only for a failing test: there, the server's last words
+        tail = self.log_path.read_text(errors="replace").splitlines()[-40:]
+        print(f"--- server log tail ({self.log_path.name}) ---", *tail, sep="\n")
         self.log_path.unlink(missing_ok=True)
 
     def wait_idle(self, timeout: float = 30.0) -> list[dict]:

@@ -245,7 +245,8 @@ def test_spm_merge_order_is_llama_cpps(tmp_path):
     """Cases a BPE emulation gets wrong: equal scores merge the leftmost pair first, a
     character that is not a token still merges into one that is, and the best-scoring pair
     wins wherever it is."""
-    pieces = {"a": -1.0, "b": -1.0, "c": -1.0, "ab": -5.0, "bc": -5.0, "xa": -3.0, "bcd": -2.0}
+    pieces = {"a": -1.0, "b": -1.0, "c": -1.0, "ab": -5.0, "bc": -5.0, "xa": -3.0, "bcd": -2.0,
+              "de": -5.0, "ef": -1.0}
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *pieces]
     types = [UNKNOWN, CONTROL, CONTROL, *[BYTE] * 256, *[NORMAL] * len(pieces)]
     scores = [0.0] * 259 + list(pieces.values())
@@ -260,6 +261,24 @@ def test_spm_merge_order_is_llama_cpps(tmp_path):
     assert texts("xab") == ["xa", "b"]  # "x" is no token, yet x+a forms one
     assert texts("xy") == ["<0x78>", "<0x79>"]
     assert texts("abcd") == ["ab", "c", "<0x64>"]  # "cd" is no token: bcd never forms
+    assert texts("def") == ["<0x64>", "ef"]  # the better pair on the right goes first
+    assert texts("ab\u2581def") == ["ab", "<0xE2>", "<0x96>", "<0x81>", "<0x64>", "ef"]
+
+
+def test_spm_without_byte_tokens_falls_back_to_unk(tmp_path):
+    """llama.cpp's byte_to_token throws there; a prompt should not crash a server."""
+    tokens, types = ["<s>", "<unk>", "a", "b"], [CONTROL, UNKNOWN, NORMAL, NORMAL]
+    meta = _write_vocab(tmp_path / "unk.gguf", "llama", tokens, types, scores=[0.0] * 4,
+                        add_space_prefix=False, unknown_token_id=1)
+    tk = Tokenizer.from_metadata(meta, tmp_path)
+    assert tk.encode("aéb", add_special=False) == [2, 1, 1, 3]  # é: two bytes, no tokens
+
+
+@pytest.mark.parametrize("meta", ["spm", "bpe"])
+def test_text_with_lone_surrogates_is_refused(tmp_path, meta):
+    tk = Tokenizer.from_metadata((_spm_meta if meta == "spm" else _bpe_meta)(tmp_path), tmp_path)
+    with pytest.raises(EdgeInferError, match="not valid UTF-8"):
+        tk.encode("ab\udcffc")
 
 
 def test_bpe_clean_spaces_on_full_decode_only(tmp_path):

@@ -20,9 +20,12 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
 
     if min(n_prompt, n_gen, depth) < 0:
         raise EdgeInferError("-p, -n and -d must not be negative")
+    if reps < 1:
+        raise EdgeInferError(f"-r must be at least 1, got {reps}")
     need = depth + max(n_prompt, n_gen)
     if n_ctx and n_ctx < need:
-        raise EdgeInferError(f"context size {n_ctx} is too small for -d {depth} and the tests "
+        depth_note = f" after -d {depth}" if depth else ""
+        raise EdgeInferError(f"context size {n_ctx} is too small for the tests{depth_note} "
                              f"(needs {need})")
     path = resolve_model(model)
     with status(f"loading {path.name}") as update:

@@ -144,6 +144,12 @@ def encode_prompt(server: Server, pieces: list[PromptPiece]) -> list[int]:
     return ids
 
 
+async def encode_prompts(server: Server, prompts: list[list[PromptPiece]]) -> list[list[int]]:
+    """Tokenizing a long prompt takes milliseconds per thousand tokens of Python: it runs in
+    a worker thread, so the event loop keeps streaming the other requests meanwhile."""
+    return await asyncio.to_thread(lambda: [encode_prompt(server, p) for p in prompts])
+
+
 def check_prompt(server: Server, ids: list[int]) -> None:
     if not ids:
         raise bad_request("the prompt is empty")
@@ -279,7 +285,7 @@ def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> Streami
 async def completion(server: Server, request: Request) -> Response:
     """POST /completion: llama-server's native API."""
     req = parse_completion(await read_json(request), oai=False)
-    prompts = [encode_prompt(server, p) for p in req.prompts]
+    prompts = await encode_prompts(server, req.prompts)
     for ids in prompts:
         check_prompt(server, ids)
     tok = server.model.tokenizer
@@ -303,7 +309,7 @@ async def completion(server: Server, request: Request) -> Response:
 async def oai_completion(server: Server, request: Request) -> Response:
     """POST /v1/completions."""
     req = parse_completion(await read_json(request), oai=True)
-    prompts = [encode_prompt(server, p) for p in req.prompts]
+    prompts = await encode_prompts(server, req.prompts)
     for ids in prompts:
         check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
@@ -322,7 +328,7 @@ async def chat(server: Server, request: Request) -> Response:
     kwargs = {k: v for k, v in req.template_kwargs.items()
               if k not in ("messages", "add_generation_prompt")}
     text = render_chat(server, req.messages, req.add_generation_prompt, **kwargs)
-    ids = server.model.tokenize(text, add_special=True, parse_special=True)
+    ids = await asyncio.to_thread(server.model.tokenize, text, True, True)
     check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
     run = Run(server, [ids], req.params)
