@@ -78,12 +78,14 @@ class SpmEncoder:
     each word) and remembered, as HF tokenizers cache words."""
 
     CACHE_WORDS = 16384
+    CACHE_CHARS = 64
 
     def __init__(self, vocab: Vocab):
         self._index = vocab.index
         self._score = array("f", vocab.scores.astype(np.float32).tobytes())  # floats on read
         self._unk = vocab.ids.get("unk")
-        joined = set(re.findall(f"([^{_SPACE_MARK}\0]){_SPACE_MARK}", "\0".join(vocab.tokens)))
+        joined = {t[i - 1] for t in vocab.tokens if t.find(_SPACE_MARK, 1) > 0
+                  for i in range(1, len(t)) if t[i] == _SPACE_MARK}
         keep = "".join(re.escape(c) for c in sorted(joined | {_SPACE_MARK}))
         self._cuts = re.compile(f"(?<=[^{keep}])(?={_SPACE_MARK})")
         self._words: dict[str, tuple[int, ...]] = {}
@@ -93,12 +95,14 @@ class SpmEncoder:
         for word in self._cuts.split(text):
             ids = words.get(word)
             if ids is None:
-                if len(words) >= self.CACHE_WORDS:
-                    words.clear()
-                ids = words[word] = tuple(self._merge(word))
+                ids = self._merge(word)
+                if len(word) <= self.CACHE_CHARS:  # a long run without spaces: not again
+                    if len(words) >= self.CACHE_WORDS:
+                        words.clear()
+                    words[word] = ids
             out += ids
 
-    def _merge(self, text: str) -> list[int]:
+    def _merge(self, text: str) -> tuple[int, ...]:
         index, score = self._index, self._score
         push, pop = heapq.heappush, heapq.heappop
         syms = list(text)
@@ -135,7 +139,7 @@ class SpmEncoder:
             if sym:
                 tid = index.get(sym)
                 ids.extend((tid,) if tid is not None else self._bytes(sym))
-        return ids
+        return tuple(ids)
 
     def _bytes(self, sym: str) -> list[int]:
         """`byte_to_token`: `<0xXX>`, else the byte itself as a token; llama.cpp throws if
