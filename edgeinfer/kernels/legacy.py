@@ -71,19 +71,27 @@ def _load(builder, base, offset, ty: ir.Type):
 
 
 def _half_to_f32(builder, bits):
-    """i16 IEEE half bits -> f32. Hardware conversion where there is one, else the exact
-    integer/float sequence from F. Giesen's half_to_float (LLVM would call a runtime helper
-    that numba's JIT does not provide)."""
+    """i16 IEEE half bits (a scalar or a vector) -> f32. Hardware conversion where there is
+    one, else the exact integer/float sequence from F. Giesen's half_to_float (LLVM would
+    call a runtime helper that numba's JIT does not provide)."""
+    n = bits.type.count if isinstance(bits.type, ir.VectorType) else 0
+
+    def ty(t):
+        return _vec(t, n) if n else t
+
+    def const(t, value):
+        return ir.Constant(ty(t), [value] * n if n else value)
+
     if F16_NATIVE:
-        return builder.fpext(builder.bitcast(bits, _HALF), _F32)
-    h = builder.zext(bits, _I32)
-    shifted = builder.shl(builder.and_(h, _I32(0x7FFF)), _I32(13))
-    value = builder.fmul(builder.bitcast(shifted, _F32), _F32(2.0**112))  # rebias exponent
-    is_special = builder.fcmp_ordered(">=", value, _F32(65536.0))  # was inf or NaN
-    mag = builder.bitcast(value, _I32)
-    mag = builder.select(is_special, builder.or_(mag, _I32(0x7F800000)), mag)
-    sign = builder.shl(builder.and_(h, _I32(0x8000)), _I32(16))
-    return builder.bitcast(builder.or_(mag, sign), _F32)
+        return builder.fpext(builder.bitcast(bits, ty(_HALF)), ty(_F32))
+    h = builder.zext(bits, ty(_I32))
+    shifted = builder.shl(builder.and_(h, const(_I32, 0x7FFF)), const(_I32, 13))
+    value = builder.fmul(builder.bitcast(shifted, ty(_F32)), const(_F32, 2.0**112))  # rebias
+    is_special = builder.fcmp_ordered(">=", value, const(_F32, 65536.0))  # was inf or NaN
+    mag = builder.bitcast(value, ty(_I32))
+    mag = builder.select(is_special, builder.or_(mag, const(_I32, 0x7F800000)), mag)
+    sign = builder.shl(builder.and_(h, const(_I32, 0x8000)), const(_I32, 16))
+    return builder.bitcast(builder.or_(mag, sign), ty(_F32))
 
 
 def _load_f16(builder, base, offset):
@@ -234,6 +242,12 @@ class _Array2D:
         return self.builder.gep(self.base, [self.builder.mul(i, self.stride)])
 
 
+def _splat_value(builder, value, n: int):
+    """A runtime scalar in all n lanes."""
+    v = builder.insert_element(ir.Constant(_vec(value.type, n), None), value, _I32(0))
+    return _shuffle(builder, v, v, [0] * n)
+
+
 def _repeat_lanes(builder, values, n: int):
     """[v0 x n, v1 x n, ...] from scalar f32 values."""
     v = ir.Constant(_vec(_F32, len(values)), None)
@@ -257,7 +271,7 @@ class _Tile:
         self.rows, self.toks = rows, toks
 
     def _weights(self, builder, w_row, ahead, i, nb: int):
-        """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>, m <nb x f32>)."""
+        """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>)."""
         blks = [
             builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), _I64(self.block_bytes))])
             for k in range(nb)
@@ -269,12 +283,7 @@ class _Tile:
         if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
             q = builder.sub(q, _splat(_I8, 32 * nb, self.bias))
         d = _repeat_lanes(builder, [_load_f16(builder, b, 0) for b in blks], 8)
-        m = None
-        if self.has_min:  # [m_0, 0 x 7, m_1, 0 x 7]: m*s lands once per block in the sum
-            m = ir.Constant(_vec(_F32, 8 * nb), [0.0] * 8 * nb)
-            for k, b in enumerate(blks):
-                m = builder.insert_element(m, _load_f16(builder, b, 2), _I32(8 * k))
-        return q, d, m
+        return q, d
 
     def _dot(self, builder, q, x, corr):
         if DOT_PATH == "vnni":
@@ -296,16 +305,59 @@ class _Tile:
             if DOT_PATH == "vnni" and self.bias:
                 x_sum = _vpdpbusd(builder, corr, _splat(_I8, 32 * nb, 1), x)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
-            if self.has_min:
-                s_x = _load(builder, xs, builder.mul(i, _I64(4)), _vec(_F32, nb))
-                s_x = _shuffle(builder, s_x, s_x, [k for k in range(nb) for _ in range(8)])
-            for r, (q, d_w, m_w) in enumerate(weights):
+            for r, (q, d_w) in enumerate(weights):
                 isum = builder.sitofp(self._dot(builder, q, x, corr), vf)
                 acc = accs[nb][r][t]
                 total = builder.call(fma, [isum, builder.fmul(d_w, d_x), builder.load(acc)])
-                if self.has_min:  # llama.cpp's summs += m_w * s_x, in the same accumulator
-                    total = builder.call(fma, [m_w, s_x, total])
                 builder.store(total, acc)
+
+    def _add_mins(self, builder, w_rows, toks, n_blocks, accs):
+        """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
+        the tile's accumulators (their lanes are summed at the end) W = 8 * BLOCKS_PER_STEP
+        blocks at a time: each row's minimums gathered from its blocks (vpgatherdd), each
+        token's sums loaded, masked past the last block. Done in the block loop, it was a
+        mostly-zero vector FMA plus the assembly of its operands per block step: a quarter
+        of the instructions of a decode matvec. (Kept in separate sums, as llama.cpp adds
+        summs after the rest, SmolLM2's golden logits moved further from llama.cpp's.)"""
+        lanes = 8 * BLOCKS_PER_STEP
+        vf, vi = _vec(_F32, lanes), _vec(_I64, lanes)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf] * 3), f"llvm.fma.v{lanes}f32"
+        )
+        ptrs, words = _vec(_I32.as_pointer(), lanes), _vec(_I32, lanes)
+        gather = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(words, [ptrs, _I32, _vec(_I1, lanes), words]),
+            f"llvm.masked.gather.v{lanes}i32.v{lanes}p0",
+        )
+        load = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(vf, [vf.as_pointer(), _I32, _vec(_I1, lanes), vf]),
+            f"llvm.masked.load.v{lanes}f32.p0",
+        )
+        n_groups = builder.udiv(builder.add(n_blocks, _I64(lanes - 1)), _I64(lanes))
+        lane = ir.Constant(vi, list(range(lanes)))
+        strides = ir.Constant(vi, [k * self.block_bytes for k in range(lanes)])
+        zero_words, zero_f = ir.Constant(words, [0] * lanes), ir.Constant(vf, [0.0] * lanes)
+        with cgutils.for_range(builder, n_groups) as loop:
+            first = builder.mul(loop.index, _I64(lanes))
+            left = _splat_value(builder, builder.sub(n_blocks, first), lanes)
+            mask = builder.icmp_signed("<", lane, left)
+            offset = builder.add(builder.mul(first, _I64(self.block_bytes)), _I64(2))
+            mins = []
+            for w_row in w_rows:  # m of block b: the f16 at byte 2 (a dword load covers it)
+                start = builder.add(builder.ptrtoint(w_row, _I64), offset)
+                addr = builder.add(_splat_value(builder, start, lanes), strides)
+                got = builder.call(gather, [builder.inttoptr(addr, ptrs), _I32(2), mask,
+                                            zero_words])
+                mins.append(_half_to_f32(builder, builder.trunc(got, _vec(_I16, lanes))))
+            for t, (_, _, xs) in enumerate(toks):
+                ptr = builder.gep(xs, [builder.mul(first, _I64(4))])
+                s_x = builder.call(load, [builder.bitcast(ptr, vf.as_pointer()), _I32(4), mask,
+                                          zero_f])
+                for r, m_w in enumerate(mins):
+                    acc = accs[r][t]
+                    builder.store(builder.call(fma, [m_w, s_x, builder.load(acc)]), acc)
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
@@ -334,6 +386,8 @@ class _Tile:
                 builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))
             ):
                 self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
+        if self.has_min:
+            self._add_mins(builder, w_rows, toks, n_blocks, accs[BLOCKS_PER_STEP])
         for r in range(self.rows):
             for t, tok in enumerate(toks):
                 total = _F32(0.0)
