@@ -65,8 +65,10 @@ class ServerProcess:
             return
         self.log.close()
         # pytest shows captured output only for a failing test: there, the server's last words
+        # (on stderr: a script using this harness may print JSON on stdout)
         tail = self.log_path.read_text(errors="replace").splitlines()[-40:]
-        print(f"--- server log tail ({self.log_path.name}) ---", *tail, sep="\n")
+        print(f"--- server log tail ({self.log_path.name}) ---", *tail, sep="\n",
+              file=sys.stderr)
         self.log_path.unlink(missing_ok=True)
 
     def wait_idle(self, timeout: float = 30.0) -> list[dict]:
