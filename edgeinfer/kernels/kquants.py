@@ -153,24 +153,12 @@ def _scales16_per_16(b: ir.IRBuilder, sc16: ir.Value, k: int) -> ir.Value:
     return _shuffle(b, sc16, [2 * k] * 8 + [2 * k + 1] * 8)
 
 
-def _add_pairs(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    n = v.type.count
-    return b.add(_shuffle(b, v, list(range(0, n, 2))), _shuffle(b, v, list(range(1, n, 2))))
-
-
-def _bsums(b: ir.IRBuilder, sp: ir.Value) -> ir.Value:
-    """The 16 bsums as <16 x i32> (exact integers, stored as f32 by the Q8_K quantizer)."""
-    return b.fptosi(_load(b, sp, 0, _f32, 16), _vec(_i32, 16))
-
-
-def _bsum_dot16(b: ir.IRBuilder, sp: ir.Value, coef: ir.Value) -> ir.Value:
-    """coef[g] * bsum[g] for the 16 groups of 16, summed in pairs to <8 x i32>."""
-    return _add_pairs(b, b.mul(_bsums(b, sp), coef))
-
-
-def _bsum_dot32(b: ir.IRBuilder, sp: ir.Value, coef: ir.Value) -> ir.Value:
-    """coef[j] * (bsum[2j] + bsum[2j+1]) for the 8 sub-blocks of 32, as <8 x i32>."""
-    return b.mul(_add_pairs(b, _bsums(b, sp)), coef)
+def _bsum_dot(b: ir.IRBuilder, sp: ir.Value, coef: ir.Value) -> ir.Value:
+    """coef[g] * bsum[g] over the 16 groups of 16, summed in pairs to <8 x i32>: one
+    vpmaddwd. The bsums are int32 (|bsum| <= 16 * 127, so their low halves are exact i16);
+    coef is <16 x i16>: a scale per group, or a sub-block's value twice."""
+    bsums = b.trunc(_load(b, sp, 0, _i32, 16), _vec(_i16, 16))
+    return _madd(b, bsums, coef)
 
 
 def _splat(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
@@ -232,23 +220,25 @@ def _k4_scales_mins(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
     return b.bitcast(_i32_vector(b, [sc_lo, sc_hi, m_lo, m_hi]), _vec(_i8, 16))
 
 
-def _with_mins(wp: ir.Value, d_off: int, dmin_off: int, mins: ir.Value, per_16: bool):
-    """finish() for w = d*sc*u - dmin*m: dx*d * sum(sc*u.x) - dx*dmin * sum(m*bsum)."""
+def _with_mins(wp: ir.Value, d_off: int, dmin_off: int, mins: ir.Value):
+    """finish() for w = d*sc*u - dmin*m: dx*d * sum(sc*u.x) - dx*dmin * sum(m*bsum); mins
+    is <16 x i16>, one per group of 16."""
 
     def finish(b, acc, sp, dx):
         d, dmin = _load_f16(b, wp, d_off), _load_f16(b, wp, dmin_off)
-        imin = (_bsum_dot16 if per_16 else _bsum_dot32)(b, sp, mins)
+        imin = _bsum_dot(b, sp, mins)
         main = _scale_f32x8(b, acc, b.fmul(dx, d))
         return b.fsub(main, _scale_f32x8(b, imin, b.fmul(dx, dmin)))
 
     return finish
 
 
-def _with_offset(wp: ir.Value, d_off: int, sc8: ir.Value, offset_log2: int):
-    """finish() for w = d*sc*(u - 2^k): dx*d * (sum(sc*u.x) - 2^k * sum(sc*bsum))."""
+def _with_offset(wp: ir.Value, d_off: int, sc16: ir.Value, offset_log2: int):
+    """finish() for w = d*sc*(u - 2^k): dx*d * (sum(sc*u.x) - 2^k * sum(sc*bsum)); sc16 is
+    <16 x i16>."""
 
     def finish(b, acc, sp, dx):
-        corr = _bsum_dot16(b, sp, b.sext(sc8, _vec(_i32, 16)))
+        corr = _bsum_dot(b, sp, sc16)
         isum = b.sub(acc, b.shl(corr, _splat_const(_i32, 8, offset_log2)))
         return _scale_f32x8(b, isum, b.fmul(dx, _load_f16(b, wp, d_off)))
 
@@ -264,8 +254,8 @@ def _unpack_q4_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     for j in range(8):
         q = _load(b, wp, 16 + 32 * (j // 2), _i8, 32)
         chunks.append((_bits(b, q, 4 * (j % 2), 0x0F), _shuffle(b, sc16, [j] * 16)))
-    mins = b.zext(_shuffle(b, scales_mins, list(range(8, 16))), _vec(_i32, 8))
-    return Unpacked(chunks, _with_mins(wp, 0, 2, mins, per_16=False))
+    mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
+    return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
 
 def _unpack_q5_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
@@ -279,8 +269,8 @@ def _unpack_q5_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
         q = _load(b, wp, 48 + 32 * (j // 2), _i8, 32)
         high = b.shl(_bits(b, qh, j, 1), _splat_const(_i8, 32, 4))
         chunks.append((b.or_(_bits(b, q, 4 * (j % 2), 0x0F), high), _shuffle(b, sc16, [j] * 16)))
-    mins = b.zext(_shuffle(b, scales_mins, list(range(8, 16))), _vec(_i32, 8))
-    return Unpacked(chunks, _with_mins(wp, 0, 2, mins, per_16=False))
+    mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
+    return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
 
 def _unpack_q6_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
@@ -295,7 +285,7 @@ def _unpack_q6_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
         high = _bits(b, _load(b, wp, 128 + 32 * h, _i8, 32), 2 * s, 0x03)
         u = b.or_(low, b.shl(high, _splat_const(_i8, 32, 4)))
         chunks.append((u, _scales16_per_16(b, sc16, k)))
-    return Unpacked(chunks, _with_offset(wp, 208, sc8, 5))
+    return Unpacked(chunks, _with_offset(wp, 208, sc16, 5))
 
 
 def _q3_k_scales(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
@@ -327,7 +317,7 @@ def _unpack_q3_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
         low = _bits(b, _load(b, wp, 32 + 32 * h, _i8, 32), 2 * s, 0x03)
         u = b.or_(low, b.shl(_bits(b, hmask, k, 1), _splat_const(_i8, 32, 2)))
         chunks.append((u, _scales16_per_16(b, sc16, k)))
-    return Unpacked(chunks, _with_offset(wp, 108, sc8, 2))
+    return Unpacked(chunks, _with_offset(wp, 108, sc16, 2))
 
 
 def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
@@ -340,8 +330,8 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
         h, s = divmod(k, 4)
         u = _bits(b, _load(b, wp, 16 + 32 * h, _i8, 32), 2 * s, 0x03)
         chunks.append((u, _scales16_per_16(b, sc16, k)))
-    mins = b.zext(_bits(b, packed, 4, 0x0F), _vec(_i32, 16))
-    return Unpacked(chunks, _with_mins(wp, 80, 82, mins, per_16=True))
+    mins = b.zext(_bits(b, packed, 4, 0x0F), _vec(_i16, 16))
+    return Unpacked(chunks, _with_mins(wp, 80, 82, mins))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,7 +527,7 @@ def _quantize_row_q8_k(x, xq, xd, xs, tok) -> None:
         if amax == 0:
             xd[tok, blk] = 0.0
             xq[tok, base : base + QK_K] = 0
-            xs[tok, blk * 16 : blk * 16 + 16] = 0.0
+            xs[tok, blk * 16 : blk * 16 + 16] = 0
             continue
         j = 0
         while abs(row[j]) != amax:
@@ -556,18 +546,21 @@ def _quantize_row_q8_k(x, xq, xd, xs, tok) -> None:
 
 @njit(cache=True, nogil=True)
 def _quantize_q8_k_serial(x, xq, xd, xs) -> None:
+    bsums = xs.view(np.int32)
     for tok in range(x.shape[0]):
-        _quantize_row_q8_k(x, xq, xd, xs, tok)
+        _quantize_row_q8_k(x, xq, xd, bsums, tok)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
+    bsums = xs.view(np.int32)
     for tok in prange(x.shape[0]):
-        _quantize_row_q8_k(x, xq, xd, xs, tok)
+        _quantize_row_q8_k(x, xq, xd, bsums, tok)
 
 
 def quantize_q8_k(x: np.ndarray, xq, xd, xs, xf) -> None:  # xf unused
-    """ggml's quantize_row_q8_K_ref for each token; prefill batches split tokens across
+    """ggml's quantize_row_q8_K_ref for each token, the bsums as int32 in xs's bits (the
+    kernels read them as integers); prefill batches split tokens across
     threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill). The row ops'
     threshold, so Model's warm-up compiles both variants."""
     kernel = _quantize_q8_k_parallel if len(x) >= PARALLEL_ROWS else _quantize_q8_k_serial
