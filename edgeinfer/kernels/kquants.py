@@ -37,6 +37,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.ops import PARALLEL_ROWS
 from edgeinfer.kernels.registry import ActFormat, register
 
@@ -101,7 +102,7 @@ def _load(b: ir.IRBuilder, base: ir.Value, offset: int, elt: ir.Type, n: int) ->
 
 
 def _load_f16(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
-    return b.fpext(b.bitcast(_load(b, base, offset, _i16, 0), ir.HalfType()), _f32)
+    return half_to_f32(b, _load(b, base, offset, _i16, 0))
 
 
 def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:

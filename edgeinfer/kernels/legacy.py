@@ -39,15 +39,15 @@ from edgeinfer.kernels.actquant import (
     BF16_ACT,
     CPU_FEATURES,
     F16_ACT,
-    F16_NATIVE,
     F32_ACT,
     Q8_0_ACT,
     Q8_1_ACT,
 )
+from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.registry import register
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-_F32, _HALF = ir.FloatType(), ir.HalfType()
+_F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
 
 
@@ -70,32 +70,8 @@ def _load(builder, base, offset, ty: ir.Type):
     return builder.load(ptr, align=1)
 
 
-def _half_to_f32(builder, bits):
-    """i16 IEEE half bits (a scalar or a vector) -> f32. Hardware conversion where there is
-    one, else the exact integer/float sequence from F. Giesen's half_to_float (LLVM would
-    call a runtime helper that numba's JIT does not provide)."""
-    n = bits.type.count if isinstance(bits.type, ir.VectorType) else 0
-
-    def ty(t):
-        return _vec(t, n) if n else t
-
-    def const(t, value):
-        return ir.Constant(ty(t), [value] * n if n else value)
-
-    if F16_NATIVE:
-        return builder.fpext(builder.bitcast(bits, ty(_HALF)), ty(_F32))
-    h = builder.zext(bits, ty(_I32))
-    shifted = builder.shl(builder.and_(h, const(_I32, 0x7FFF)), const(_I32, 13))
-    value = builder.fmul(builder.bitcast(shifted, ty(_F32)), const(_F32, 2.0**112))  # rebias
-    is_special = builder.fcmp_ordered(">=", value, const(_F32, 65536.0))  # was inf or NaN
-    mag = builder.bitcast(value, ty(_I32))
-    mag = builder.select(is_special, builder.or_(mag, const(_I32, 0x7F800000)), mag)
-    sign = builder.shl(builder.and_(h, const(_I32, 0x8000)), const(_I32, 16))
-    return builder.bitcast(builder.or_(mag, sign), ty(_F32))
-
-
 def _load_f16(builder, base, offset):
-    return _half_to_f32(builder, _load(builder, base, offset, _I16))
+    return half_to_f32(builder, _load(builder, base, offset, _I16))
 
 
 # ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
@@ -351,7 +327,7 @@ class _Tile:
                 addr = builder.add(_splat_value(builder, start, lanes), strides)
                 got = builder.call(gather, [builder.inttoptr(addr, ptrs), _I32(2), mask,
                                             zero_words])
-                mins.append(_half_to_f32(builder, builder.trunc(got, _vec(_I16, lanes))))
+                mins.append(half_to_f32(builder, builder.trunc(got, _vec(_I16, lanes))))
             for t, (_, _, xs) in enumerate(toks):
                 ptr = builder.gep(xs, [builder.mul(first, _I64(4))])
                 s_x = builder.call(load, [builder.bitcast(ptr, vf.as_pointer()), _I32(4), mask,
@@ -545,7 +521,7 @@ def _weight_to_f32(typingctx, v):
         if signature.args[0] == types.float32:
             return value
         if signature.args[0] == types.int16:
-            return _half_to_f32(builder, value)
+            return half_to_f32(builder, value)
         return builder.bitcast(builder.shl(builder.zext(value, _I32), _I32(16)), _F32)
 
     return types.float32(v), codegen
