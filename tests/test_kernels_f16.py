@@ -66,7 +66,7 @@ def test_software_path_without_f16c(tmp_path: Path) -> None:
     kernels that use it compile and agree with their references (all but the bit-for-bit
     check of ggml's expf, which is ggml's FMA build's: this target has no FMA)."""
     env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)}
-    check = "from edgeinfer.kernels.actquant import F16_NATIVE; print(F16_NATIVE)"
+    check = "from edgeinfer.kernels.target import F16_NATIVE; print(F16_NATIVE)"
     native = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
                             text=True)
     assert native.stdout.strip() == "False", native.stderr

@@ -16,53 +16,22 @@ Scales kept as F16 in llama.cpp are stored here already rounded to F16, as f32 v
 kernel reads them without converting.
 
 No numba.config switch is set anywhere: the integer kernels in legacy.py emit explicit LLVM
-vector IR and do not depend on the (off by default) SLP vectorizer. F16 conversions use the
-hardware (x86 F16C, any AArch64) and fall back to integer code when numba is asked to build
-for a CPU without it (NUMBA_CPU_NAME=generic), where LLVM would call a missing runtime helper.
+vector IR and do not depend on the (off by default) SLP vectorizer. F16 rounding is f16.py's
+(hardware where the CPU has it, integer code otherwise).
 """
 
 from __future__ import annotations
 
-import platform
-
-import numba
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from edgeinfer.kernels.f16 import round_f16
 from edgeinfer.kernels.registry import ActFormat
 
 QK8 = 32  # values per Q8_0 / Q8_1 block
-
-
-def host_cpu_features() -> set[str]:
-    """The CPU features numba compiles for: the host's, unless numba's own NUMBA_CPU_NAME /
-    NUMBA_CPU_FEATURES pick another target; a named CPU without a feature list counts as
-    featureless, so kernels take their portable path."""
-    if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME:
-        flags = (numba.config.CPU_FEATURES or "").split(",")
-        return {flag[1:] for flag in flags if flag.startswith("+")}
-    return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
-
-
-CPU_FEATURES = host_cpu_features()
-F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64", "arm64")
-
-
-@intrinsic
-def _round_f16_native(typingctx, x):
-    """f32 -> f16 -> f32 with round-to-nearest-even (LLVM fptrunc; vcvtps2ph with F16C)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        half = builder.fptrunc(args[0], ir.HalfType())
-        return builder.fpext(half, ir.FloatType())
-
-    return types.float32(types.float32), codegen
 
 
 @intrinsic
@@ -87,25 +56,6 @@ def _bits_f32(typingctx, u):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.uint32), codegen
-
-
-@njit(cache=True, nogil=True)
-def _round_f16_soft(x: np.float32) -> np.float32:
-    """f32 -> f16 (round to nearest even) -> f32 with integer ops, for CPUs without F16C."""
-    u = np.int64(_f32_bits(x))
-    sign, mag = u & 0x80000000, u & 0x7FFFFFFF
-    if mag >= 0x7F800000:  # inf, NaN
-        return x
-    if mag >= 0x477FF000:  # >= 65520, half way from f16 max 65504: rounds to inf
-        mag = 0x7F800000
-    elif mag < 0x38800000:  # below 2^-14: f16 subnormal, a multiple of 2^-24; all exact
-        return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
-    else:  # drop 13 mantissa bits, ties to even; a carry rolls into the exponent
-        mag = (mag + 0xFFF + ((mag >> 13) & 1)) & 0x7FFFE000
-    return _bits_f32(np.uint32(sign | mag))
-
-
-_round_f16 = _round_f16_native if F16_NATIVE else _round_f16_soft
 
 
 @njit(cache=True, nogil=True)
@@ -200,7 +150,7 @@ def quantize_f16(x, xq, xd, xs, xf) -> None:
     n_tok, n_in = x.shape
     for t in range(n_tok):
         for i in range(n_in):
-            xf[t, i] = _round_f16(np.float32(x[t, i]))
+            xf[t, i] = round_f16(np.float32(x[t, i]))
 
 
 @njit(cache=True, nogil=True)
@@ -219,7 +169,7 @@ def quantize_q8_0(x, xq, xd, xs, xf) -> None:
     for t in range(n_tok):
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
-            xd[t, b] = _round_f16(d)
+            xd[t, b] = round_f16(d)
 
 
 @njit(cache=True, nogil=True)
@@ -229,8 +179,8 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
     for t in range(n_tok):
         for b in range(n_in // QK8):
             d, qsum = _quantize_block_q8(x[t], b * QK8, xq[t])
-            xd[t, b] = _round_f16(d)
-            xs[t, b] = _round_f16(d * np.float32(qsum))
+            xd[t, b] = round_f16(d)
+            xs[t, b] = round_f16(d * np.float32(qsum))
 
 
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from edgeinfer.kernels.actquant import F16_NATIVE
+from edgeinfer.kernels.target import F16_NATIVE
 
 _I16, _I32, _F32, _HALF = ir.IntType(16), ir.IntType(32), ir.FloatType(), ir.HalfType()
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGMLQuantizationType
 from llvmlite import ir
-from numba import config, literally, njit, prange, types
+from numba import literally, njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
@@ -40,6 +40,7 @@ from numba.extending import intrinsic
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.ops import PARALLEL_ROWS
 from edgeinfer.kernels.registry import ActFormat, register
+from edgeinfer.kernels.target import CPU_FEATURES
 
 QK_K = 256
 
@@ -52,26 +53,12 @@ QK_K = 256
 # ---------------------------------------------------------------------------------------------
 
 
-def _target_features() -> str:
-    if config.CPU_FEATURES is not None:
-        return config.CPU_FEATURES
-    if config.CPU_NAME in (None, "host"):
-        import llvmlite.binding as llvm
-
-        return llvm.get_host_cpu_features().flatten()
-    return ""
-
-
-USE_X86_AVX2 = "+avx2" in _target_features().split(",")
+USE_X86_AVX2 = "avx2" in CPU_FEATURES
 # vpdpwssd (AVX512-VNNI on 256-bit registers, or AVX-VNNI): i16 pair products added into i32
-USE_X86_VNNI = USE_X86_AVX2 and (
-    "+avxvnni" in _target_features().split(",")
-    or {"+avx512vnni", "+avx512vl"} <= set(_target_features().split(","))
-)
+USE_X86_VNNI = USE_X86_AVX2 and ("avxvnni" in CPU_FEATURES
+                                 or {"avx512vnni", "avx512vl"} <= CPU_FEATURES)
 # 512-bit registers (AVX512BW + VNNI): two 32-value chunks per vpmaddubsw / vpdpwssd
-USE_X86_VNNI_512 = USE_X86_VNNI and {"+avx512bw", "+avx512vnni"} <= set(
-    _target_features().split(",")
-)
+USE_X86_VNNI_512 = USE_X86_VNNI and {"avx512bw", "avx512vnni"} <= CPU_FEATURES
 
 # ---------------------------------------------------------------------------------------------
 # LLVM IR building blocks

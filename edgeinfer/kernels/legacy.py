@@ -37,7 +37,6 @@ from numba.extending import intrinsic
 
 from edgeinfer.kernels.actquant import (
     BF16_ACT,
-    CPU_FEATURES,
     F16_ACT,
     F32_ACT,
     Q8_0_ACT,
@@ -45,6 +44,7 @@ from edgeinfer.kernels.actquant import (
 )
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.registry import register
+from edgeinfer.kernels.target import CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32 = ir.FloatType()

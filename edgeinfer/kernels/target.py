@@ -1,0 +1,24 @@
+"""The CPU the kernels are compiled for, read once: its features pick the code paths (VNNI,
+AVX2 or portable integer dots; hardware or software F16 conversions)."""
+
+from __future__ import annotations
+
+import platform
+
+import numba
+from llvmlite import binding as llvm_binding
+
+
+def host_cpu_features() -> set[str]:
+    """The CPU features numba compiles for: the host's, unless numba's own NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES pick another target; a named CPU without a feature list counts as
+    featureless, so kernels take their portable path."""
+    if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME not in (None, "host"):
+        flags = (numba.config.CPU_FEATURES or "").split(",")
+        return {flag[1:] for flag in flags if flag.startswith("+")}
+    return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
+
+
+CPU_FEATURES = host_cpu_features()
+# Half <-> float conversions in hardware: x86 F16C, every AArch64.
+F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64", "arm64")
