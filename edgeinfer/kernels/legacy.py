@@ -426,12 +426,13 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 
 # Register tile rows (x up to 8 tokens). With AVX-512's 32 zmm registers, 3 rows (24
 # accumulators) amortize each token's activation load and bias correction over more rows:
-# prefill GFLOP/s +38% for Q5_0, +22% for Q8_0. The `_1` formats keep 2 there, as their
-# per-row minimum vectors do not fit beside 24 accumulators (Q4_1 -9% with 3). AVX2 and NEON
-# have 16 vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
+# prefill GFLOP/s +38% for Q5_0, +22% for Q8_0. The `_1` formats too, since their minimums
+# are added after the block loop (_Tile._add_mins): SmolLM2 8-sequence decode +7-10%, pp512
+# +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and NEON have 16
+# vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
 _WIDE_TILES = BLOCKS_PER_STEP == 2
-TILE_ROWS = {int(T.Q8_0): 3 if _WIDE_TILES else 2, int(T.Q4_0): 3 if _WIDE_TILES else 2,
-             int(T.Q5_0): 3 if _WIDE_TILES else 2, int(T.Q4_1): 2, int(T.Q5_1): 2}
+TILE_ROWS = {code: 3 if _WIDE_TILES else 2 for code in map(int, (T.Q8_0, T.Q4_0, T.Q5_0,
+                                                                  T.Q4_1, T.Q5_1))}
 ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
