@@ -196,16 +196,31 @@ class Unpacked(NamedTuple):
 
 
 def _k4_scales_mins(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
-    """Q4_K/Q5_K 12-byte 6-bit scales -> <16 x i8>: 8 scales then 8 mins (llama.cpp's kmask
-    unpacking on three little-endian words)."""
-    u0, u1, u2 = (_load(b, wp, offset + 4 * i, _i32, 0) for i in range(3))
-    k1, k2, k3 = (ir.Constant(_i32, m) for m in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-    c4, c6 = ir.Constant(_i32, 4), ir.Constant(_i32, 6)
-    top = [b.shl(b.and_(b.lshr(u, c6), k3), c4) for u in (u0, u1)]  # 2 high bits of each
-    sc_lo, m_lo = b.and_(u0, k1), b.and_(u1, k1)
-    sc_hi = b.or_(b.and_(u2, k2), top[0])
-    m_hi = b.or_(b.and_(b.lshr(u2, c4), k2), top[1])
-    return b.bitcast(_i32_vector(b, [sc_lo, sc_hi, m_lo, m_hi]), _vec(_i8, 16))
+    """Q4_K/Q5_K 12-byte 6-bit scales -> <16 x i8>: 8 scales then 8 mins. llama.cpp's kmask
+    unpacking on the three little-endian words u0, u1, u2, done on one 4-word vector (the
+    16-byte load reads 4 bytes of the quants that follow, unused):
+    [u0 & k1, u2 & k2 | (u0 >> 6 & k3) << 4, u1 & k1, u2 >> 4 & k2 | (u1 >> 6 & k3) << 4]."""
+    u = _load(b, wp, offset, _i32, 4)  # u0, u1, u2, (quants)
+    k1, k2, k3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
+
+    def words(*values):
+        return ir.Constant(_vec(_i32, 4), list(values))
+
+    low = b.and_(b.lshr(_shuffle(b, u, [0, 2, 1, 2]), words(0, 0, 0, 4)), words(k1, k2, k1, k2))
+    top = b.and_(b.lshr(_shuffle(b, u, [0, 0, 1, 1]), words(6, 6, 6, 6)), words(0, k3, 0, k3))
+    return b.bitcast(b.or_(low, b.shl(top, words(4, 4, 4, 4))), _vec(_i8, 16))
+
+
+def _nibble_chunks(b: ir.IRBuilder, wp: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
+    """32 bytes of packed quants -> (low nibbles, high nibbles), each <32 x u8>. Built as one
+    64-byte vector (the bytes twice, the upper copy shifted right by 4 in 16-bit lanes, then
+    masked), which the 512-bit path pairs back whole: a broadcast, a variable shift and an
+    and, instead of two masks, a shift and a lane insert."""
+    q = _load(b, wp, offset, _i8, 32)
+    both = b.bitcast(_shuffle(b, q, list(range(32)) * 2), _vec(_i16, 32))
+    both = b.lshr(both, ir.Constant(_vec(_i16, 32), [0] * 16 + [4] * 16))
+    v = b.and_(b.bitcast(both, _vec(_i8, 64)), _splat_const(_i8, 64, 0x0F))
+    return _shuffle(b, v, list(range(32))), _shuffle(b, v, list(range(32, 64)))
 
 
 def _with_mins(wp: ir.Value, d_off: int, dmin_off: int, mins: ir.Value):
@@ -239,9 +254,9 @@ def _unpack_q4_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     scales_mins = _k4_scales_mins(b, wp, 4)
     sc16 = b.zext(scales_mins, _vec(_i16, 16))
     chunks = []
-    for j in range(8):
-        q = _load(b, wp, 16 + 32 * (j // 2), _i8, 32)
-        chunks.append((_bits(b, q, 4 * (j % 2), 0x0F), _shuffle(b, sc16, [j] * 16)))
+    for j in range(0, 8, 2):
+        u_lo, u_hi = _nibble_chunks(b, wp, 16 + 16 * j)
+        chunks += [(u_lo, _shuffle(b, sc16, [j] * 16)), (u_hi, _shuffle(b, sc16, [j + 1] * 16))]
     mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
     return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
@@ -253,10 +268,10 @@ def _unpack_q5_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     sc16 = b.zext(scales_mins, _vec(_i16, 16))
     qh = _load(b, wp, 16, _i8, 32)
     chunks = []
-    for j in range(8):
-        q = _load(b, wp, 48 + 32 * (j // 2), _i8, 32)
-        high = b.shl(_bits(b, qh, j, 1), _splat_const(_i8, 32, 4))
-        chunks.append((b.or_(_bits(b, q, 4 * (j % 2), 0x0F), high), _shuffle(b, sc16, [j] * 16)))
+    for j in range(0, 8, 2):
+        for k, low in enumerate(_nibble_chunks(b, wp, 48 + 16 * j)):
+            high = b.shl(_bits(b, qh, j + k, 1), _splat_const(_i8, 32, 4))
+            chunks.append((b.or_(low, high), _shuffle(b, sc16, [j + k] * 16)))
     mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
     return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
