@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import KEY_BLOCK, _expf, attention, scratch_floats
+from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats
 
 ATOL = 1.5e-3
 
@@ -150,38 +150,6 @@ def test_given_scratch_is_used_and_any_size_works():
     with_scratch = run(*args, scratch=big)
     assert np.any(big != 0)
     np.testing.assert_array_equal(run(*args, scratch=tiny), with_scratch)
-
-
-def ggml_expf(x):
-    """ggml_v_expf (ggml-cpu/vec.h) in numpy: an f32 fma is an exact f64 product plus one
-    f64 add, rounded to f32 (double rounding cannot matter at these magnitudes)."""
-    f32, h = np.float32, lambda text: np.float32(float.fromhex(text))
-
-    def fma(a, b, c):
-        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
-
-    shifter = h("0x1.8p23")
-    z = fma(x, h("0x1.715476p+0"), shifter)
-    n = (z - shifter).astype(f32)
-    b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
-    u = (b * b).astype(f32)
-    j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u,
-                fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))),
-            u, fma(h("0x1.ffffecp-1"), b, f32(1.0)))
-    return np.where(np.abs(n) > 192, f32(0), np.ldexp(j, n.astype(np.int32)))
-
-
-def test_expf_is_ggml_bit_for_bit():
-    """llama.cpp's softmax exponentiates with ggml_v_expf; P is rounded to F16 right after, so
-    its exact bits decide P's."""
-    rng = np.random.default_rng(0)
-    x = -np.concatenate([np.geomspace(1e-9, 87.3, 20000), rng.uniform(0, 20, 20000),
-                         [0.0]]).astype(np.float32)
-    ours = np.array([_expf(t) for t in x])
-    np.testing.assert_array_equal(ours, ggml_expf(x))
-    np.testing.assert_allclose(ours, np.exp(x.astype(np.float64)), rtol=3e-7)
-    tiny = np.array([_expf(np.float32(t)) for t in (-88.0, -100.0, -150.0, -1e30, -np.inf)])
-    assert (tiny < 2e-38).all()  # below F16's range: P rounds to 0 as with ggml's
 
 
 def test_prefetch_is_a_hint_even_past_the_end():

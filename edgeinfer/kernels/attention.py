@@ -26,12 +26,11 @@ then f32 P·V with the F16 values. Only the f32 summation orders differ from ggm
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import get_thread_id, njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 from numba.np.ufunc.parallel import _iget_num_threads
 
+from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 from edgeinfer.kernels.prefetch import prefetch
 
@@ -83,60 +82,6 @@ def _thread_scratch(buf, rows, hd, n_ctx):
     return qt, acc, kf, sc
 
 
-# ---------------------------------------------------------------------------- exp, as ggml's
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c with one rounding (llvm.fma: vfmadd, vectorizable)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3),
-                                            "llvm.fma.f32")
-        return builder.call(fn, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    """int32 bit pattern -> float32 (bitcast)."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-def _hex32(text):
-    return np.float32(float.fromhex(text))
-
-
-_SHIFTER = _hex32("0x1.8p23")
-_LOG2E, _LN2_HI, _LN2_LO = _hex32("0x1.715476p+0"), _hex32("0x1.62e4p-1"), _hex32("0x1.7f7d1cp-20")
-_C1, _C2, _C3 = _hex32("0x1.ffffecp-1"), _hex32("0x1.fffdb6p-2"), _hex32("0x1.555e66p-3")
-_C4, _C5 = _hex32("0x1.573e2ep-5"), _hex32("0x1.0e4020p-7")
-
-
-@njit(cache=True, nogil=True)  # no fastmath: the operations must stay exactly as written
-def _expf(x):
-    """exp(x) for x <= 0, bit for bit ggml's ggml_v_expf (ggml-cpu/vec.h, the AVX-512 and AVX2
-    versions agree; ARM-derived, 1.45 + 0.5 ulp), which llama.cpp's softmax uses. Results
-    below 2^-126 (x < -87.3) are not gradual like ggml's scalef but stay under 2e-38, far
-    below F16's smallest subnormal, so P and the double sum come out the same."""
-    z = _fma(x, _LOG2E, _SHIFTER)
-    n = z - _SHIFTER  # round(x / ln2)
-    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
-    u = b * b
-    j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, np.float32(1.0)))
-    m = max(n, np.float32(-126.0))  # -inf and NaN-free for x = -inf: n = -inf -> -126
-    scaled = j * _bits_to_f32((np.int32(m) + np.int32(127)) << np.int32(23))
-    return scaled if n >= np.float32(-192.0) else np.float32(0.0)
-
-
 @njit(cache=True, nogil=True, fastmath=FAST)
 def _softmax_row(x, scale):
     """llama.cpp's soft_max_f32 on one row of raw dots x (a view, so loops run from 0 and
@@ -155,7 +100,7 @@ def _softmax_row(x, scale):
         t0 = max(t0, x[k])
     top = max(max(t0, t1), max(t2, t3))
     for k in range(n):  # apart from the double sum, which would keep this loop scalar
-        x[k] = _expf(x[k] - top)
+        x[k] = expf(x[k] - top)
     total = 0.0
     for k in range(n):
         total += x[k]

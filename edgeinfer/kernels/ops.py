@@ -15,6 +15,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
@@ -108,20 +109,24 @@ def rope(x, positions, cos, sin, neox):
             x[i, h, b] = x0 * s + x1 * c
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _swiglu_row(gate, up, out, i):
+    """ggml_v_silu(g) * up: g / (1 + expf(-g)) with ggml's own expf, which also lets the
+    loop vectorize (with libm's expf it ran at 3.5 ns per value: 5% of an 8-sequence
+    SmolLM2 decode step)."""
     for j in range(gate.shape[1]):
         g = gate[i, j]
-        out[i, j] = g / (np.float32(1.0) + np.exp(-g)) * up[i, j]
+        out[i, j] = g / (np.float32(1.0) + expf(-g)) * up[i, j]
 
 
-@njit(cache=True, nogil=True)
+# error_model="numpy": no zero-division check, whose branch would keep the loop scalar
+@njit(cache=True, nogil=True, error_model="numpy")
 def _swiglu_serial(gate, up, out):
     for i in range(gate.shape[0]):
         _swiglu_row(gate, up, out, i)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _swiglu_parallel(gate, up, out):
     for i in prange(gate.shape[0]):
         _swiglu_row(gate, up, out, i)

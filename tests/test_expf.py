@@ -1,0 +1,60 @@
+"""ggml's vectorized exp and the SwiGLU built on it, bit for bit against a numpy transcript
+of ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.kernels import ops
+from edgeinfer.kernels.expf import expf
+
+
+def ggml_expf(x):
+    """ggml_v_expf in numpy: an f32 fma is an exact f64 product plus one f64 add, rounded to
+    f32 (double rounding cannot matter at these magnitudes); _mm512_scalef_ps is ldexp, and
+    |n| > 192 gives inf above, 0 below."""
+    f32, h = np.float32, lambda text: np.float32(float.fromhex(text))
+
+    def fma(a, b, c):
+        return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
+
+    with np.errstate(over="ignore", invalid="ignore"):  # the inf inputs and outputs
+        shifter = h("0x1.8p23")
+        z = fma(x, h("0x1.715476p+0"), shifter)
+        n = (z - shifter).astype(f32)
+        b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
+        u = (b * b).astype(f32)
+        j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u,
+                    fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))),
+                u, fma(h("0x1.ffffecp-1"), b, f32(1.0)))
+        scaled = np.ldexp(j, np.clip(n, -300, 300).astype(np.int32)).astype(f32)
+    return np.where(np.abs(n) > 192, np.where(n > 0, f32(np.inf), f32(0)), scaled)
+
+
+def test_expf_is_ggml_bit_for_bit():
+    """llama.cpp's softmax exponentiates with ggml_v_expf (P is rounded to F16 right after,
+    so its exact bits decide P's), and so does its SiLU, on both signs."""
+    rng = np.random.default_rng(0)
+    mags = np.concatenate([np.geomspace(1e-9, 87.3, 20000), rng.uniform(0, 20, 20000), [0.0]])
+    x = np.concatenate([-mags, mags, [88.5, 88.7, 88.72, 88.8, 100.0, 1e30, np.inf]])
+    x = x.astype(np.float32)
+    ours = np.array([expf(t) for t in x])
+    np.testing.assert_array_equal(ours, ggml_expf(x))
+    finite = np.abs(x) < 87
+    np.testing.assert_allclose(ours[finite], np.exp(x[finite].astype(np.float64)), rtol=3e-7)
+    tiny = np.array([expf(np.float32(t)) for t in (-88.0, -100.0, -150.0, -1e30, -np.inf)])
+    assert (tiny < 2e-38).all()  # below F16's range: P rounds to 0 as with ggml's
+
+
+def test_swiglu_is_ggml_bit_for_bit():
+    """ggml_vec_swiglu_f32: g / (1 + expf(-g)) * up, in f32, for decode rows and for batches
+    long enough to run on all threads."""
+    rng = np.random.default_rng(1)
+    for n in (1, 3, ops.PARALLEL_ROWS + 1):
+        gate = (rng.standard_normal((n, 1536)) * 8).astype(np.float32)
+        gate[0, :4] = [-100.0, 100.0, 0.0, -0.0]
+        up = rng.standard_normal((n, 1536)).astype(np.float32)
+        out = np.empty_like(gate)
+        ops.swiglu(gate, up, out)
+        silu = (gate / (np.float32(1) + ggml_expf(-gate))).astype(np.float32)
+        np.testing.assert_array_equal(out, silu * up)
