@@ -1,5 +1,5 @@
 """ggml's vectorized exp and the SwiGLU built on it, bit for bit against a numpy transcript
-of ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h)."""
+of the AVX-512 build's ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h)."""
 
 from __future__ import annotations
 
@@ -33,16 +33,19 @@ def ggml_expf(x):
 
 def test_expf_is_ggml_bit_for_bit():
     """llama.cpp's softmax exponentiates with ggml_v_expf (P is rounded to F16 right after,
-    so its exact bits decide P's), and so does its SiLU, on both signs."""
+    so its exact bits decide P's), and so does its SiLU, on both signs; NaN stays NaN."""
     rng = np.random.default_rng(0)
     mags = np.concatenate([np.geomspace(1e-9, 87.3, 20000), rng.uniform(0, 20, 20000), [0.0]])
-    x = np.concatenate([-mags, mags, [88.5, 88.7, 88.72, 88.8, 100.0, 1e30, np.inf]])
+    edges = [88.0, 88.3, 88.5, 88.7, 88.72, 88.8, 100.0, 133.0, 133.8, -133.8, 1e30, np.inf,
+             np.nan]  # n = 127, 128, 129+, 192 and past (both signs), NaN
+    x = np.concatenate([-mags, mags, edges])
     x = x.astype(np.float32)
     ours = np.array([expf(t) for t in x])
     np.testing.assert_array_equal(ours, ggml_expf(x))
-    finite = np.abs(x) < 87
+    finite = np.abs(x) < 87  # NaN compares False
     np.testing.assert_allclose(ours[finite], np.exp(x[finite].astype(np.float64)), rtol=3e-7)
-    tiny = np.array([expf(np.float32(t)) for t in (-88.0, -100.0, -150.0, -1e30, -np.inf)])
+    tiny = [expf(np.float32(t)) for t in (-88.0, -100.0, -133.0, -150.0, -1e30, -np.inf)]
+    tiny = np.array(tiny)
     assert (tiny < 2e-38).all()  # below F16's range: P rounds to 0 as with ggml's
 
 

@@ -19,8 +19,9 @@ measurably moved the logits away from llama.cpp's (golden median |diff| on the p
 SmolLM2 0.06 -> 0.14). So each tile keeps its rows' raw scores (a per-thread buffer of at
 most SCORE_BUDGET floats; long contexts get fewer tokens per tile) and does, per row:
 Q rounded to F16, f32 dot products with the F16 keys, x*scale, max, exp(x - max) by ggml's
-own vectorized expf (bit for bit), sum in double, P = x * (float)(1/sum) rounded to F16,
-then f32 P·V with the F16 values. Only the f32 summation orders differ from ggml's.
+own vectorized expf (bit for bit its AVX-512 build's), sum in double, P = x * (float)(1/sum)
+rounded to F16, then f32 P·V with the F16 values. Only the f32 summation orders differ from
+ggml's.
 """
 
 from __future__ import annotations

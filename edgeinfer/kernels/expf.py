@@ -58,20 +58,24 @@ def _pow2(m):
 
 @njit(cache=True, nogil=True, inline="always")  # no fastmath: exactly these operations
 def expf(x):
-    """exp(x) in f32, bit for bit ggml_v_expf (the AVX-512 and AVX2 versions agree;
-    ARM-derived, 1.45 + 0.5 ulp): j * 2^n as _mm512_scalef_ps computes it, in two exact
-    steps so that n = 128 still gives a finite j * 2^128 and larger n overflow to inf as
-    there. One difference: results below 2^-126 (x < -87.3) are not gradual like scalef's
-    but stay under 2e-38, far below F16's smallest subnormal and below anything added to 1
-    in SiLU, so the softmax's P and sums and SiLU's outputs come out the same."""
+    """exp(x) in f32, bit for bit the AVX-512 build's ggml_v_expf (ARM-derived, 1.45 + 0.5
+    ulp; the AVX2 and NEON builds end in fma(j, k, k) instead and differ by 1 ulp on about a
+    quarter of inputs): j * 2^n as _mm512_scalef_ps computes it, in two exact steps so that
+    n = 128 still gives a finite j * 2^128 and larger n overflow to inf as there. One
+    difference: results below 2^-126 (x < -87.3) are not gradual like scalef's but stay
+    under 2e-38, far below F16's smallest subnormal and below anything added to 1 in SiLU,
+    so the softmax's P and sums and SiLU's outputs come out the same."""
     z = _fma(x, _LOG2E, _SHIFTER)
     n = z - _SHIFTER  # round(x / ln2)
     b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
     u = b * b
     j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, np.float32(1.0)))
-    m = min(max(n, np.float32(-126.0)), np.float32(192.0))  # NaN-free for x = +-inf
+    m = n if n >= np.float32(-126.0) else np.float32(-126.0)  # NaN and -inf: a finite m
+    m = m if m <= np.float32(192.0) else np.float32(192.0)
     low = min(m, np.float32(127.0))
     scaled = j * _pow2(low) * _pow2(m - low)  # the second factor is 1 unless n > 127
-    if n > np.float32(192.0):  # ggml's |n| > 192 case: inf above (x = +inf too), 0 below
+    if n > np.float32(192.0):  # ggml's |n| > 192 case (an ordered compare: not for NaN)
         return np.float32(np.inf)
-    return scaled if n >= np.float32(-192.0) else np.float32(0.0)
+    if n < np.float32(-192.0):
+        return np.float32(0.0)
+    return scaled  # NaN for a NaN x, as scalef(NaN, NaN)

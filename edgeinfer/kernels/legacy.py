@@ -431,8 +431,7 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and NEON have 16
 # vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
 _WIDE_TILES = BLOCKS_PER_STEP == 2
-TILE_ROWS = {code: 3 if _WIDE_TILES else 2 for code in map(int, (T.Q8_0, T.Q4_0, T.Q5_0,
-                                                                  T.Q4_1, T.Q5_1))}
+TILE_ROWS = dict.fromkeys(_FORMATS, 3 if _WIDE_TILES else 2)
 ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
