@@ -3,6 +3,11 @@ gguf-py's dequantization in float64, and a numpy transcription of quantize_row_q
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -156,3 +161,19 @@ def test_q8_k_positive_max_maps_to_minus_127():
     xq, xd, _ = quantize(x)
     assert xq[0, -1] == -127 and xd[0, 0] < 0
     np.testing.assert_allclose(xq[0] * xd[0, 0], x[0], atol=abs(xd[0, 0]) / 2 + 1e-7)
+
+
+@pytest.mark.slow
+def test_avx2_target_without_vnni(tmp_path: Path) -> None:
+    """This machine runs the 512-bit VNNI path in-process; an AVX2 target (numba's own
+    target variables) takes vpmaddubsw + vpmaddwd on 256-bit registers, one chunk at a time.
+    (The portable IR runs in test_kernels_f16's generic-target test.)"""
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell",
+           "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2", "NUMBA_CACHE_DIR": str(tmp_path)}
+    check = "from edgeinfer.kernels import kquants as k; print(k.USE_X86_AVX2, k.USE_X86_VNNI)"
+    flags = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
+    assert flags.stdout.split() == ["True", "False"], flags.stderr
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+           "dequantized_reference and (1-256 or 17-2048)"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
