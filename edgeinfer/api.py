@@ -25,16 +25,18 @@ class Model:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
              n_slots: int = 1, n_batch: int = 512,
-             progress: Callable[[str], None] | None = None) -> Model:
+             progress: Callable[[str], None] | None = None, flash_attn: bool = False) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages; on a first
         run (kernels not yet in Numba's disk cache) one per kernel as it compiles, then a
-        summary starting with COMPILED."""
+        summary starting with COMPILED. flash_attn: llama.cpp's -fa on attention numerics."""
         with _GcPause() as pause:
-            return cls._load(path, n_ctx, threads, n_slots, n_batch, progress, pause.resume)
+            return cls._load(path, n_ctx, threads, n_slots, n_batch, progress, pause.resume,
+                             flash_attn)
 
     @classmethod
-    def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile) -> Model:
+    def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,
+              flash_attn) -> Model:
         from edgeinfer.arch import get_arch
         from edgeinfer.gguf_file import GGUFFile
         from edgeinfer.model import Transformer
@@ -54,7 +56,7 @@ class Model:
         if n_ctx < 8:
             raise EdgeInferError(f"context size {n_ctx} is too small")
         with reporting_compiles(progress or (lambda message: None), on_compile):
-            transformer = Transformer(config, weights, n_ctx, n_slots, n_batch)
+            transformer = Transformer(config, weights, n_ctx, n_slots, n_batch, flash_attn)
             model = cls(Path(path), config, tokenizer, transformer,
                         meta.get("tokenizer.chat_template"))
             model._warm_up()

@@ -24,6 +24,7 @@ class BenchRow:
     n_prompt: int
     n_gen: int
     n_depth: int = 0
+    flash_attn: bool = False
     avg_ts: float = 0.0
     stddev_ts: float = 0.0
     samples_ts: list[float] = field(default_factory=list)
@@ -88,7 +89,8 @@ def run_bench(model, n_prompt: int, n_gen: int, reps: int, threads: int,
         rows.append(BenchRow(
             model_filename=str(model.path), model_type=f"{model.config.arch} {model.config.name}",
             n_threads=threads, n_prompt=n if kind == "pp" else 0, n_gen=n if kind == "tg" else 0,
-            n_depth=depth, avg_ts=float(np.mean(ts)), stddev_ts=float(np.std(ts)), samples_ts=ts,
+            n_depth=depth, flash_attn=model.transformer.flash_attn, avg_ts=float(np.mean(ts)),
+            stddev_ts=float(np.std(ts)), samples_ts=ts,
             samples_ns=[int(s * 1e9) for s in seconds], peak_rss_mb=peak_rss_mb()))
     return rows
 

@@ -8,6 +8,7 @@ code 1; bad flags are reported by click with exit code 2.
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -24,6 +25,22 @@ app = typer.Typer(
 MODEL_ARG = typer.Argument(None, help="GGUF file or known model name (default: smollm2).")
 THREADS = typer.Option(None, "-t", "--threads", help="Threads (default: physical cores).")
 CTX = typer.Option(0, "-c", "--ctx-size", help="Context size in tokens (0: min(4096, model's)).")
+
+
+class FlashAttn(str, Enum):
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+FLASH = typer.Option(
+    FlashAttn.off, "-fa", "--flash-attn", case_sensitive=False,
+    help="Flash attention (online softmax) with llama.cpp's -fa on numerics; "
+         "auto: off, the faster path here for decode, and llama.cpp's -fa off numerics.")
+
+
+def _flash(value: FlashAttn) -> bool:
+    return value == FlashAttn.on
 
 
 def _version(value: bool) -> None:
@@ -56,6 +73,7 @@ def run(
     seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)."),
     threads: int | None = THREADS,
     ctx_size: int = CTX,
+    flash_attn: FlashAttn = FLASH,
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
     system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
@@ -69,7 +87,7 @@ def run(
         model=model, prompt=text, n_predict=n_predict, temperature=temp, top_k=top_k,
         top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
         seed=None if seed < 0 else seed, threads=threads, n_ctx=ctx_size, raw=raw,
-        system=system, stop=tuple(stop), quiet=quiet)
+        system=system, stop=tuple(stop), quiet=quiet, flash_attn=_flash(flash_attn))
     _guard(run_command, options)
 
 
@@ -102,12 +120,14 @@ def bench(
     n_depth: int = typer.Option(0, "-d", "--n-depth",
                                 help="Tokens already in the context before each test."),
     ctx_size: int = CTX,
+    flash_attn: FlashAttn = FLASH,
     as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
 ) -> None:
     """Measure prompt processing and generation speed, like llama-bench."""
     from edgeinfer.commands.bench import bench_command
 
-    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json, n_depth)
+    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json, n_depth,
+           _flash(flash_attn))
 
 
 @app.command()
@@ -116,6 +136,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8080, "--port"),
     ctx_size: int = CTX,
+    flash_attn: FlashAttn = FLASH,
     parallel: int = typer.Option(-1, "-np", "--parallel",
                                  help="Parallel sequence slots (-1: auto, 4)."),
     api_key: str | None = typer.Option(None, "--api-key", help="Require this bearer key."),
@@ -136,7 +157,7 @@ def serve(
                 "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
         serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
                    parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
-                   alias=alias, cache_ram=cache_ram)
+                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn))
 
     _guard(start)
 

@@ -17,6 +17,7 @@ from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
 from edgeinfer.kernels.attention import attention, scratch_floats, store_kv
+from edgeinfer.kernels.flash import flash_attention, flash_scratch_floats
 from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import BlockWeights, Weights
 
@@ -111,12 +112,15 @@ class Workspace:
         return bv
 
     @classmethod
-    def allocate(cls, c: ModelConfig, weights: Weights, n_batch: int, n_ctx: int):
+    def allocate(cls, c: ModelConfig, weights: Weights, n_batch: int, n_ctx: int,
+                 flash_attn: bool = False):
         import numba
 
         f32 = np.float32
         linears = [weights.output] + [lin for b in weights.blocks for lin in _linears(b)]
         n_in_max = max(lin.n_in for lin in linears)
+        attn_scratch = (flash_scratch_floats(c.n_head, c.n_head_kv, c.head_dim) if flash_attn
+                        else scratch_floats(c.n_head, c.n_head_kv, c.head_dim, n_ctx))
         return cls(
             x=np.zeros((n_batch, c.n_embd), f32), h=np.zeros((n_batch, c.n_embd), f32),
             o=np.zeros((n_batch, c.n_embd), f32),
@@ -125,8 +129,7 @@ class Workspace:
             v=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
             attn=np.zeros((n_batch, c.n_head, c.head_dim), f32),
             gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
-            scores=np.zeros((numba.config.NUMBA_NUM_THREADS,
-                             scratch_floats(c.n_head, c.n_head_kv, c.head_dim, n_ctx)), f32),
+            scores=np.zeros((numba.config.NUMBA_NUM_THREADS, attn_scratch), f32),
             scratch=ActScratch(n_batch, n_in_max),
         )
 
@@ -137,11 +140,15 @@ def _linears(b: BlockWeights):
 
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, n_slots: int = 1,
-                 n_batch: int = 512):
+                 n_batch: int = 512, flash_attn: bool = False):
         self.config, self.weights = config, weights
         self.n_ctx, self.n_batch = n_ctx, n_batch
+        # flash: llama.cpp's -fa on numerics (online softmax); else its non-flash path, which
+        # made the golden files (kernels/flash.py and kernels/attention.py say how they differ)
+        self.flash_attn = flash_attn
+        self.attention = flash_attention if flash_attn else attention
         self.kv_cache = KVCache(config, n_ctx, n_slots)
-        self.ws = Workspace.allocate(config, weights, n_batch, n_ctx)
+        self.ws = Workspace.allocate(config, weights, n_batch, n_ctx, flash_attn)
         n_rot = config.n_rot
         self.rope_global = ops.rope_table(n_ctx, n_rot, config.rope_base,
                                           config.rope_freq_scale, weights.rope_freqs)
@@ -208,8 +215,8 @@ class Transformer:
         kc, vc = self.kv_layers[il]  # (n_slots, n_ctx, n_kv, hd) x2
         store_kv(bv.k, bv.v, slots, positions, kc, vc)
         window = c.sliding_window if swa else 0
-        attention(bv.q, kc, vc, slots, positions, window, self.score_scale, ws.scores,
-                  bv.attn)  # (n, n_head, hd)
+        self.attention(bv.q, kc, vc, slots, positions, window, self.score_scale, ws.scores,
+                       bv.attn)  # (n, n_head, hd)
         project(bv.attn_rows, (b.attn_output,), (bv.o,), ws.scratch)  # (n, n_embd)
         if b.attn_output_bias is not None:
             ops.add_bias(bv.o, b.attn_output_bias)

@@ -12,6 +12,8 @@ from edgeinfer.bench import run_bench
 class Recorder:
     """Records (first position, n tokens, n logit rows) of every forward."""
 
+    flash_attn = False
+
     def __init__(self):
         self.calls: list[tuple[int, int, int]] = []
 

@@ -153,12 +153,15 @@ def test_run_without_model_uses_the_default(real_model):
     assert out.stdout and case["text"].startswith(out.stdout)
 
 
-def test_bench_json_rows_have_llama_bench_fields(tiny):
-    out = edgeinfer("bench", tiny, "-p", 24, "-n", 4, "-r", 2, "-d", 40, "-t", 1, "--json")
+@pytest.mark.parametrize("flash", ["off", "on"])
+def test_bench_json_rows_have_llama_bench_fields(tiny, flash):
+    out = edgeinfer("bench", tiny, "-p", 24, "-n", 4, "-r", 2, "-d", 40, "-t", 1, "--json",
+                    "-fa", flash)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows] == [(24, 0, 40), (0, 4, 40)]
     for r in rows:
+        assert r["flash_attn"] is (flash == "on")
         assert r["n_threads"] == 1 and r["model_filename"] == str(tiny)
         assert len(r["samples_ts"]) == 2 and all(ts > 0 for ts in r["samples_ts"])
         assert r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
@@ -172,3 +175,6 @@ def test_bench_table_and_bad_depth(tiny):
     bad = edgeinfer("bench", tiny, "-p", 16, "-n", 2, "-d", 600, "-c", 256)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     assert "too small" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad_flag = edgeinfer("bench", tiny, "-fa", "maybe")
+    assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
+    assert "maybe" in bad_flag.stderr

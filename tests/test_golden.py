@@ -91,3 +91,45 @@ def test_perplexity(case):
             nll.append(log_z - row[chunk[pos + 1]])
     ours = float(np.exp(np.mean(nll)))
     assert abs(ours / ppl["ppl"] - 1) <= 0.015, (ours, ppl["ppl"])
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def flash_case(request, real_model):
+    name = request.param
+    golden_file = GOLDEN / f"{name}.json"
+    if not golden_file.exists():
+        pytest.skip(f"no golden file {golden_file}")
+    from edgeinfer.api import Model
+
+    model = Model.load(real_model(MODELS[name]), n_ctx=512, flash_attn=True)
+    return model, json.loads(golden_file.read_text())
+
+
+def test_flash_attention_decode_within_bounds(flash_case):
+    """-fa on (llama.cpp's flash numerics: f32 online softmax for the >= 64-token prefill,
+    F16 accumulators for one-token steps) stays within the same bounds, teacher-forced token
+    by token as generation runs: the prompt prefilled, then each greedy token decoded."""
+    model, golden = flash_case
+    tf, n_vocab = model.transformer, model.config.n_vocab
+    agree, strong_misses, diffs = [], [], []
+    for item in golden["greedy"]:
+        prompt, ids, steps = item["prompt_ids"], item["ids"], item["steps"]
+        seq = prompt + ids
+        rows = np.zeros((len(steps), n_vocab), np.float32)
+        n = len(prompt)
+        pos = np.arange(n, dtype=np.int32)
+        tf.forward(np.asarray(prompt, np.int32), pos, np.zeros(n, np.int32),
+                   np.array([n - 1], np.int32), rows[:1])
+        for j in range(1, len(steps)):
+            p = np.array([n - 1 + j], np.int32)
+            tf.forward(np.asarray(seq[n - 1 + j : n + j], np.int32), p, np.zeros(1, np.int32),
+                       np.zeros(1, np.int32), rows[j : j + 1])
+        for j, (row, step) in enumerate(zip(rows, steps)):
+            top, margin = step[0][0], step[0][1] - step[1][1]
+            agree.append(int(row.argmax()) == top)
+            if not agree[-1] and margin > 0.3:
+                strong_misses.append((item["prompt"][:30], j, margin))
+            diffs.extend(abs(float(row[t]) - v) for t, v in step)
+    assert not strong_misses, strong_misses
+    assert np.mean(agree) >= 0.95
+    assert np.median(diffs) <= 0.2

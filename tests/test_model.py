@@ -43,6 +43,19 @@ def test_forward_matches_reference_f32(model_dir, arch):
     assert (ours.argmax(1) == ref.argmax(1)).all()
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_flash_attention_forward_matches_reference(model_dir, arch):
+    """-fa on: the online-softmax kernel in every architecture's forward (12 tokens: its
+    F16-accumulator path), against the same float64 reference."""
+    path, _ = load(model_dir, arch, Q.F32)
+    model = Model.load(path, n_ctx=64, flash_attn=True)
+    assert model.transformer.flash_attn
+    ours = model.logits(TOKENS)
+    ref = reference.forward(str(path), TOKENS)
+    assert rel_err(ours, ref).max() < 5e-3
+    assert (ours.argmax(1) == ref.argmax(1)).all()
+
+
 @pytest.mark.parametrize("qtype", QUANTS, ids=lambda q: q.name)
 def test_forward_every_quant_type(model_dir, qtype):
     """Quantized weights, 8-bit activations: close to the exact maths, as llama.cpp is."""

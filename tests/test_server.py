@@ -408,3 +408,21 @@ def test_prompt_cache_in_ram_outlives_its_slot(tmp_path, cache_ram):
     else:
         assert again["timings"]["cache_n"] == n_prompt - 1
     assert again["content"] == cold["content"]
+
+
+def test_flash_attention_flag_serves_the_flash_numerics(tmp_path):
+    """`-fa on` reaches the model (the server says so once loaded) and serves the same greedy
+    tokens as the Python API with flash_attn on."""
+    from edgeinfer.api import Model
+
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    srv = ServerProcess(model, "-np", "2", "-c", "256", "-fa", "on")
+    try:
+        r = post(srv, "/completion", {"prompt": "Gamma note", "n_predict": 12, **GREEDY}).json()
+        srv.log.flush()
+        assert "flash attention on" in srv.log_path.read_text()
+    finally:
+        srv.stop()
+    local = Model.load(model, n_ctx=256, flash_attn=True)
+    expected = "".join(local.generate("Gamma note", max_tokens=12, temperature=0))
+    assert r["tokens_predicted"] == 12 and r["content"] == expected

@@ -9,7 +9,8 @@ from edgeinfer.errors import EdgeInferError
 
 
 def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | None,
-                  reps: int, n_ctx: int, as_json: bool, depth: int = 0) -> None:
+                  reps: int, n_ctx: int, as_json: bool, depth: int = 0,
+                  flash_attn: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -30,7 +31,7 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     path = resolve_model(model)
     with status(f"loading {path.name}") as update:
         loaded = Model.load(path, n_ctx=n_ctx or max(512, need), threads=threads,
-                            progress=update)
+                            progress=update, flash_attn=flash_attn)
     settle_heap()
     rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads), depth)
     if as_json:

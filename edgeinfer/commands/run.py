@@ -26,6 +26,7 @@ class RunOptions:
     system: str | None = None
     stop: tuple[str, ...] = ()
     quiet: bool = False
+    flash_attn: bool = False
 
 
 def run_command(opts: RunOptions) -> None:
@@ -46,7 +47,8 @@ def run_command(opts: RunOptions) -> None:
     with status(f"loading {path.name}", opts.quiet) as update:
         from edgeinfer.api import Model, settle_heap
 
-        model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update)
+        model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
+                           flash_attn=opts.flash_attn)
         settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
     event = None

@@ -18,11 +18,13 @@ log = logging.getLogger("edgeinfer.server")
 
 def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = 0,
           parallel: int = 1, api_key: str | None = None, threads: int | None = None,
-          metrics: bool = False, alias: str | None = None, cache_ram: int = 1024) -> None:
+          metrics: bool = False, alias: str | None = None, cache_ram: int = 1024,
+          flash_attn: bool = False) -> None:
     """Serve `model_path` until interrupted (blocking). `api_key` may list several keys,
     comma-separated; `parallel` is the number of slots (sequences batched together);
     `n_ctx` is the context of each slot (0: min(4096, the model's)); `cache_ram` is the MiB
-    of RAM for the KV of sequences no slot holds any more (0: none)."""
+    of RAM for the KV of sequences no slot holds any more (0: none); `flash_attn` selects
+    llama.cpp's -fa on attention numerics."""
     import uvicorn
 
     from edgeinfer.server.app import Server, create_app
@@ -39,7 +41,7 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
         server.should_exit = True
 
     engine = Engine(Path(model_path), n_ctx, parallel if parallel > 0 else 4, threads, on_fail,
-                    cache_ram)
+                    cache_ram, flash_attn)
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
     config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics))
     bound_host, bound_port = sock.getsockname()[:2]

@@ -23,13 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-a", "--alias", default=None)
     p.add_argument("-cram", "--cache-ram", type=int, default=1024, dest="cache_ram",
                    help="MiB of RAM for prompts no slot holds any more (0: off)")
+    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="off",
+                   help="flash attention, llama.cpp's -fa on numerics (auto: off)")
     args = p.parse_args(argv)
     from edgeinfer.server import serve
 
     try:
         serve(args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
               parallel=args.parallel, api_key=args.api_key, threads=args.threads,
-              metrics=args.metrics, alias=args.alias, cache_ram=args.cache_ram)
+              metrics=args.metrics, alias=args.alias, cache_ram=args.cache_ram,
+              flash_attn=args.flash_attn == "on")
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

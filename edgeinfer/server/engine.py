@@ -144,11 +144,12 @@ class Engine(threading.Thread):
     def __init__(self, model_path: Path, n_ctx: int = 0, n_slots: int = 1,
                  threads: int | None = None,
                  on_fail: Callable[[BaseException], None] | None = None,
-                 cache_ram_mib: int = 1024):
+                 cache_ram_mib: int = 1024, flash_attn: bool = False):
         super().__init__(name="edgeinfer-engine", daemon=True)
         self.model_path, self.n_ctx_arg, self.threads = model_path, n_ctx, threads
         self.n_slots = max(1, n_slots)
         self.cache_ram_mib = cache_ram_mib
+        self.flash_attn = flash_attn
         self.on_fail = on_fail
         self.model = None
         self.ready = threading.Event()
@@ -201,7 +202,8 @@ class Engine(threading.Thread):
 
         t0 = time.perf_counter()
         self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
-                                n_slots=self.n_slots, progress=distinct_stages(log.info))
+                                n_slots=self.n_slots, progress=distinct_stages(log.info),
+                                flash_attn=self.flash_attn)
         try:  # import jinja2 and compile the chat template now, not during the first request
             self.model.apply_chat_template([{"role": "user", "content": "hi"}])
         except EdgeInferError:
@@ -216,8 +218,9 @@ class Engine(threading.Thread):
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(self.n_slots, np.int32)
         self.eog = np.array(sorted(self.model.tokenizer.eog_ids), np.int64)
-        log.info("model loaded in %.2f s: %d slots x %d tokens of context",
-                 time.perf_counter() - t0, self.n_slots, tf.n_ctx)
+        log.info("model loaded in %.2f s: %d slots x %d tokens of context, flash attention %s",
+                 time.perf_counter() - t0, self.n_slots, tf.n_ctx,
+                 "on" if tf.flash_attn else "off")
 
     def _busy(self) -> bool:
         return bool(self.waiting) or any(s.job is not None for s in self.slots)

@@ -1,0 +1,365 @@
+"""Flash attention: causal grouped-query attention over the F16 KV cache with an online softmax.
+
+One pass over the keys, a block of KEY_BLOCK at a time: each row keeps its running maximum M,
+its running sum S and its output accumulator, rescaled whenever M grows, and no row of scores
+is kept, so the scratch is the same at any context length (`attention.py` keeps each tile's
+raw scores and shrinks its tiles past SCORE_BUDGET). Tiles, key blocks, work items and the
+key split of lone long decode rows are `attention.py`'s, and so are its 4 x 4 blocks.
+
+Numerics are llama.cpp's flash-attention path (`ggml_compute_forward_flash_attn_ext_f16`),
+which its tools use by default on a CPU (`-fa auto`; shared/docs/architectures.md §1.4). As
+there, they depend on how many query tokens the call has:
+
+- at least FA_TILE_Q (prefill; its "tiled" path): Q stays f32; per block of keys, scores
+  x*scale, the block maximum, a rescale of the accumulator and S by expf(M_old - M_new) when
+  it grows, P = expf(x - M) in f32 summed in double into S, acc += P·V in f32;
+- fewer (decode and batched decode; its "one chunk" path): Q rounded to F16, then key by key:
+  a new maximum rescales the accumulator (rounded to F16), else P = expf(x - M); the
+  accumulator += P·v is rounded to F16 after every key (`ggml_vec_mad_f16`); S = S*ms + P.
+
+Both end with acc * (1/S). A lone long decode row whose keys are split across threads merges
+its parts' (M, S, acc) in f32 as `ggml_flash_attn_ext_reduce_partials` does (llama.cpp splits
+only one-token batches of >= 512 cells, at cells/threads; here, by attention.py's rule).
+Only f32 summation orders and those split points differ from ggml's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import get_thread_id, njit, prange
+from numba.np.ufunc.parallel import _iget_num_threads
+
+from edgeinfer.kernels.attention import (
+    FAST,
+    KEY_BLOCK,
+    PREFETCH_KEYS,
+    SERIAL_MACS,
+    SPLIT_MIN_KEYS,
+    TILE_TOKENS,
+    _accumulate4,
+    _blocks,
+    _convert_rows,
+    _f32,
+    _key_range,
+    _prefetch_kv,
+    _same_keys,
+    _scores4,
+)
+from edgeinfer.kernels.expf import expf
+from edgeinfer.kernels.f16 import round_f16
+
+FA_TILE_Q = 64  # GGML_FA_TILE_Q: calls with this many query tokens take the f32 path
+
+
+def flash_scratch_floats(n_head: int, n_head_kv: int, head_dim: int) -> int:
+    """float32s of per-thread scratch `flash_attention` needs in each row of `scratch`."""
+    return int(_flash_floats(TILE_TOKENS * (n_head // n_head_kv), head_dim))
+
+
+@njit(cache=True, nogil=True)
+def _flash_floats(rows, hd):
+    return rows * hd + (rows + 3) * hd + KEY_BLOCK * hd + 2 * rows * KEY_BLOCK + 2 * rows
+
+
+@njit(cache=True, nogil=True)
+def _flash_scratch(buf, rows, hd):
+    """One thread's views: the tile's Q rows, accumulators (+3 spare rows), a block of K or V
+    rows converted to f32, the rows' scores of one key block (then weights) and the F16
+    path's rescale factors, and their running M and S."""
+    qt = buf[: rows * hd].reshape((rows, hd))
+    off = rows * hd
+    acc = buf[off : off + (rows + 3) * hd].reshape((rows + 3, hd))
+    off += (rows + 3) * hd
+    kf = buf[off : off + KEY_BLOCK * hd].reshape((1, KEY_BLOCK, 1, hd))  # as a cache slice
+    off += KEY_BLOCK * hd
+    sc = buf[off : off + rows * KEY_BLOCK].reshape((rows, KEY_BLOCK))
+    off += rows * KEY_BLOCK
+    rs = buf[off : off + rows * KEY_BLOCK].reshape((rows, KEY_BLOCK))
+    off += rows * KEY_BLOCK
+    return qt, acc, kf, sc, rs, buf[off : off + rows], buf[off + rows : off + 2 * rows]
+
+
+# ---------------------------------------------------------------- one row's online softmax
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _online_f32(x, scale, acc, m, s, r):
+    """The f32 path's softmax step for one row and one block of raw dots x (a view): rescale
+    acc[r] and s[r] if the block raises the maximum m[r]; x becomes P = expf(x*scale - M)."""
+    n = x.shape[0]
+    for k in range(n):
+        x[k] *= scale
+    t0 = t1 = t2 = t3 = np.float32(-np.inf)  # 4 partial maxima: one chain is latency-bound
+    for k in range(n // 4):
+        t0 = max(t0, x[4 * k])
+        t1 = max(t1, x[4 * k + 1])
+        t2 = max(t2, x[4 * k + 2])
+        t3 = max(t3, x[4 * k + 3])
+    for k in range(n - n % 4, n):
+        t0 = max(t0, x[k])
+    m_old = m[r]
+    m_new = max(m_old, max(max(t0, t1), max(t2, t3)))
+    if m_new > m_old:
+        ms = expf(m_old - m_new)
+        for d in range(acc.shape[1]):
+            acc[r, d] *= ms
+        s[r] *= ms
+    m[r] = m_new
+    for k in range(n):
+        x[k] = expf(x[k] - m_new)
+    total = 0.0  # double, as ggml_vec_soft_max_f32 returns it
+    for k in range(n):
+        total += x[k]
+    s[r] = np.float32(s[r] + total)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _online_f16_weights(x, scale, rescale, m, s, r):
+    """The F16 path's scalar part for one row over raw dots x (a view), key by key: x becomes
+    the weight P of each key's value row and rescale[k] the factor the accumulator takes
+    before it (1: none); m[r], s[r] run on."""
+    m_run, s_run = m[r], s[r]
+    for k in range(x.shape[0]):
+        xs = x[k] * scale
+        ms = np.float32(1.0)
+        vs = np.float32(1.0)
+        if xs > m_run:
+            ms = expf(m_run - xs)
+            m_run = xs
+        else:
+            vs = expf(xs - m_run)
+        x[k], rescale[k] = vs, ms
+        s_run = s_run * ms + vs
+    m[r], s[r] = m_run, s_run
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _rescale_f16(acc, r, ms):
+    for d in range(acc.shape[1]):
+        acc[r, d] = round_f16(acc[r, d] * ms)
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _accumulate4_f16(acc, sc, rs, src, sl, j0, kvh, ra, rb, rc, rd, pa, pb, pc, pd, a, b):
+    """For keys k in [a, b) in order: acc[ra] = F16(acc[ra] * rs[pa, k]) when that is not 1,
+    then acc[ra] = F16(acc[ra] + sc[pa, k] * V[k]) (V[k] = src[sl, j0 + k, kvh]); likewise
+    (rb, pb), (rc, pc), (rd, pd). The acc rows must be distinct (a spare row takes the place
+    of a missing one): their F16 round trips are then 4 independent chains, where one row
+    alone is latency-bound on its own."""
+    hd = acc.shape[1]
+    for k in range(a, b):
+        for r, p in ((ra, pa), (rb, pb), (rc, pc), (rd, pd)):
+            if rs[p, k] != 1.0:
+                _rescale_f16(acc, r, rs[p, k])
+        wa, wb, wc, wd = sc[pa, k], sc[pb, k], sc[pc, k], sc[pd, k]
+        for d in range(hd):
+            v = _f32(src[sl, j0 + k, kvh, d])
+            acc[ra, d] = round_f16(acc[ra, d] + v * wa)
+            acc[rb, d] = round_f16(acc[rb, d] + v * wb)
+            acc[rc, d] = round_f16(acc[rc, d] + v * wc)
+            acc[rd, d] = round_f16(acc[rd, d] + v * wd)
+
+
+# ------------------------------------------------------------------------------ one tile
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _flash_setup(q, positions, i0, nt, kvh, group, window, f16_path, qt):
+    """The tile's query rows (r = token * group + head in group) into qt, F16-rounded on the
+    F16 path; return the union [ka, kb) of the tokens' key ranges."""
+    ka, kb = positions[i0] + 1, 0
+    for t in range(nt):
+        lo, hi = _key_range(positions[i0 + t], window)
+        ka, kb = min(ka, lo), max(kb, hi)
+        for g in range(group):
+            for d in range(q.shape[2]):
+                x = q[i0 + t, kvh * group + g, d]
+                qt[t * group + g, d] = round_f16(x) if f16_path else x
+    return ka, kb
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _flash_block_scores(qt, src, sl, jsrc, kvh, positions, i0, nt, group, window, j0, j1, sc,
+                        v_pf, pf_end):
+    """sc[r, a:b] = raw dots of tile row r with the keys j0 + [a, b) it sees in block
+    [j0, j1); key j0 + jj is src[sl, jsrc + jj, kvh] (the cache with jsrc = j0, or a converted
+    block with sl = jsrc = kvh = 0). With pf_end > 0, src is the K cache and rows ahead of the
+    ones read (before pf_end) are prefetched from it and from the V cache v_pf."""
+    t = 0
+    while t < nt:
+        a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
+        last = t1 * group - 1
+        for r in range(t * group, t1 * group, 4):
+            rb, rc, rd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+            _scores4(qt, src, sl, jsrc, kvh, r, rb, rc, rd, a, b, sc, 0, src, v_pf, pf_end)
+        t = t1
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions, i0, nt, group,
+                window, ka, kb, blk_lo, blk_hi, scale, f16_path):
+    """acc, m, s of the tile rows after the keys they see in blocks [blk_lo, blk_hi):
+    unnormalised outputs, maxima and sums. Tiles of <= 4 rows read the cache directly,
+    bigger ones convert each block of K and of V to f32 once."""
+    rows = nt * group
+    acc[:] = 0.0
+    m[:] = -np.inf
+    s[:] = 0.0
+    spare = acc.shape[0] - 1  # rows past a run go to the 3 spare rows, never read
+    direct = rows <= 4
+    end = min(blk_hi * KEY_BLOCK, kb)
+    j = max(blk_lo * KEY_BLOCK, ka)
+    for jj in range(j, min(j + PREFETCH_KEYS, end)):
+        _prefetch_kv(k_cache, v_cache, sl, jj, kvh, end)
+    for blk in range(blk_lo, blk_hi):
+        j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        if direct:
+            _flash_block_scores(qt, k_cache, sl, j0, kvh, positions, i0, nt, group, window,
+                                j0, j1, sc, v_cache, end)
+        else:
+            for jj in range(j0, j1):
+                _prefetch_kv(k_cache, v_cache, sl, jj + PREFETCH_KEYS, kvh, end)
+            _convert_rows(k_cache, sl, j0, j1 - j0, kvh, kf)
+            _flash_block_scores(qt, kf, 0, 0, 0, positions, i0, nt, group, window, j0, j1, sc,
+                                kf, 0)
+            _convert_rows(v_cache, sl, j0, j1 - j0, kvh, kf)
+        t = 0
+        while t < nt:
+            a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
+            if a < b:
+                for r in range(t * group, t1 * group):
+                    if f16_path:
+                        _online_f16_weights(sc[r, a:b], scale, rs[r, a:b], m, s, r)
+                    else:
+                        _online_f32(sc[r, a:b], scale, acc, m, s, r)
+                last = t1 * group - 1
+                for r in range(t * group, t1 * group, 4):
+                    rb = r + 1 if r + 1 <= last else spare
+                    rc = r + 2 if r + 2 <= last else spare - 1
+                    rd = r + 3 if r + 3 <= last else spare - 2
+                    pb, pc, pd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
+                    if f16_path:
+                        if direct:
+                            _accumulate4_f16(acc, sc, rs, v_cache, sl, j0, kvh, r, rb, rc, rd,
+                                             r, pb, pc, pd, a, b)
+                        else:
+                            _accumulate4_f16(acc, sc, rs, kf, 0, 0, 0, r, rb, rc, rd, r, pb,
+                                             pc, pd, a, b)
+                    else:
+                        if direct:
+                            _accumulate4(acc, sc, 0, v_cache, sl, j0, kvh, r, rb, rc, rd, r,
+                                         pb, pc, pd, a, b)
+                        else:
+                            _accumulate4(acc, sc, 0, kf, 0, 0, 0, r, rb, rc, rd, r, pb, pc,
+                                         pd, a, b)
+            t = t1
+
+
+@njit(cache=True, nogil=True)
+def _normalise(acc, s, out_row, r):
+    inv = np.float32(0.0) if s[r] == 0.0 else np.float32(1.0) / s[r]
+    for d in range(acc.shape[1]):
+        out_row[d] = acc[r, d] * inv
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
+                f16_path, buf, out):
+    """Work item w: batch rows [c*chunk, (c+1)*chunk) (runs of one slot each) x KV head kvh."""
+    n, n_head, hd = q.shape
+    n_kv = k_cache.shape[2]
+    group = n_head // n_kv
+    item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2  # zigzag, as attention.py
+    c, kvh = item // n_kv, item % n_kv
+    qt, acc, kf, sc, rs, m, s = _flash_scratch(buf, TILE_TOKENS * group, hd)
+    i = c * chunk
+    end = min(n, i + chunk)
+    while i < end:
+        i1 = i + 1
+        while i1 < end and i1 - i < TILE_TOKENS and slots[i1] == slots[i]:
+            i1 += 1
+        nt = i1 - i
+        ka, kb = _flash_setup(q, positions, i, nt, kvh, group, window, f16_path, qt)
+        blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
+        _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i, nt,
+                    group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+        for t in range(nt):
+            for g in range(group):
+                _normalise(acc, s, out[i + t, kvh * group + g], t * group + g)
+        i = i1
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _merge_parts(part_acc, part_m, part_s, i, h, out_row):
+    """ggml_flash_attn_ext_reduce_partials for row i, head h: the parts' (M, S, acc) merged
+    in order, then divided by the sum."""
+    m_fin, s_fin = np.float32(-np.inf), np.float32(0.0)
+    out_row[:] = 0.0
+    for part in range(part_acc.shape[0]):
+        m_c, s_c = part_m[part, i, h], part_s[part, i, h]
+        if s_c == 0.0:
+            continue
+        m_new = max(m_fin, m_c)
+        scale_old, scale_new = expf(m_fin - m_new), expf(m_c - m_new)
+        for d in range(out_row.shape[0]):
+            out_row[d] = out_row[d] * scale_old + part_acc[part, i, h, d] * scale_new
+        s_fin = s_fin * scale_old + s_c * scale_new
+        m_fin = m_new
+    if s_fin != 0.0:
+        inv = np.float32(1.0) / s_fin
+        for d in range(out_row.shape[0]):
+            out_row[d] *= inv
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
+def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, out):
+    """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
+    k_cache/v_cache (n_slots, n_ctx, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
+    scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...);
+    out (n, n_head, hd) f32."""
+    n, n_head, hd = q.shape
+    n_kv = k_cache.shape[2]
+    group = n_head // n_kv
+    f16_path = n < FA_TILE_Q
+    n_thr = _iget_num_threads()
+    macs, longest = 0, 0
+    for i in range(n):
+        lo, hi = _key_range(positions[i], window)
+        macs += 2 * (hi - lo) * n_head * hd
+        longest = max(longest, hi - lo)
+    parallel = n_thr > 1 and macs >= SERIAL_MACS
+    chunk = max(1, min(TILE_TOKENS, n // (2 * n_thr))) if parallel else TILE_TOKENS
+    n_items = (n + chunk - 1) // chunk * n_kv
+    need = _flash_floats(TILE_TOKENS * group, hd)
+    work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
+                                                             np.float32)
+    if parallel and n_items < 2 * n_thr and longest >= 2 * SPLIT_MIN_KEYS:
+        # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
+        # each part's (M, S, acc) kept, then merged.
+        n_part = min((2 * n_thr + n_items - 1) // n_items, longest // SPLIT_MIN_KEYS)
+        part_acc = np.empty((n_part, n, n_head, hd), np.float32)
+        part_m = np.empty((n_part, n, n_head), np.float32)
+        part_s = np.empty((n_part, n, n_head), np.float32)
+        for w in prange(n_items * n_part):
+            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
+            qt, acc, kf, sc, rs, m, s = _flash_scratch(work[get_thread_id()], TILE_TOKENS * group,
+                                                   hd)
+            ka, kb = _flash_setup(q, positions, i, 1, kvh, group, window, f16_path, qt)
+            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+            _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i,
+                        1, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+            for g in range(group):
+                h = kvh * group + g
+                part_acc[part, i, h] = acc[g]
+                part_m[part, i, h], part_s[part, i, h] = m[g], s[g]
+        for w in prange(n * n_head):
+            _merge_parts(part_acc, part_m, part_s, w // n_head, w % n_head,
+                         out[w // n_head, w % n_head])
+    elif parallel:
+        for w in prange(n_items):
+            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+                        scale, f16_path, work[get_thread_id()], out)
+    else:
+        for w in range(n_items):
+            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+                        scale, f16_path, work[0], out)
