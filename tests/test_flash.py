@@ -4,8 +4,9 @@
   same F16 cache and the unrounded Q (what that path sees), to ~1e-6.
 - Fewer take its F16 path: against a numpy transcript of ggml's one-chunk loop (Q rounded
   to F16, key by key, the accumulator rounded to F16 after each key and each rescale). Only
-  dot-product orders and exp's last bit differ, so it agrees to ~1e-4, while the same loop
-  without the F16 rounding is ~1.6e-3 away: the bound tells the two apart.
+  dot-product orders and exp's last bit differ: all but a few outputs agree within 1e-4
+  (the rest where one F16 rounding went the other way: within an F16 step), while the same
+  loop without the F16 rounding differs by more than 1e-4 in about half of them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from edgeinfer.kernels.attention import KEY_BLOCK
 from edgeinfer.kernels.flash import FA_TILE_Q, flash_attention, flash_scratch_floats
 
 F32_ATOL = 2e-5
-F16_ATOL = 6e-4
+F16_CLOSE, F16_STEP = 1e-4, 2e-3  # most outputs / all (an F16 ulp flip at |x| < 2)
+
+
+def assert_f16_path(ours, transcript):
+    diff = np.abs(ours - transcript)
+    assert diff.max() <= F16_STEP, diff.max()
+    assert (diff > F16_CLOSE).mean() < 0.005, (diff > F16_CLOSE).mean()
 
 
 def reference(q, k_cache, v_cache, slots, positions, window, scale, round_q):
@@ -117,10 +124,9 @@ def test_batched_decode_f16_path_matches_ggml_transcript(window, threads):
     positions = [300, 250, 200, 10, 64, 65, 66, 63, 128]
     q = rng.standard_normal((len(slots), 9, 64)).astype(np.float32)
     ours = run(q, k, v, slots, positions, window, 0.125, threads)
-    transcript = one_chunk_transcript(q, k, v, slots, positions, window, 0.125)
-    np.testing.assert_allclose(ours, transcript, atol=F16_ATOL, rtol=0)
+    assert_f16_path(ours, one_chunk_transcript(q, k, v, slots, positions, window, 0.125))
     unrounded = one_chunk_transcript(q, k, v, slots, positions, window, 0.125, round_acc=False)
-    assert np.abs(ours - unrounded).max() > 2 * F16_ATOL  # the F16 rounding is really there
+    assert (np.abs(ours - unrounded) > F16_CLOSE).mean() > 0.2  # the F16 rounding is there
     exact = reference(q, k, v, slots, positions, window, 0.125, True)
     np.testing.assert_allclose(ours, exact, atol=5e-3, rtol=0)
 
@@ -130,8 +136,7 @@ def test_gemma_like_decode_f16_path():
     k, v = make_cache(rng, 2, 300, 1, 256)
     q = rng.standard_normal((2, 4, 256)).astype(np.float32)
     ours = run(q, k, v, [0, 1], [299, 130], 0, 0.0625)
-    np.testing.assert_allclose(ours, one_chunk_transcript(q, k, v, [0, 1], [299, 130], 0, 0.0625),
-                               atol=F16_ATOL, rtol=0)
+    assert_f16_path(ours, one_chunk_transcript(q, k, v, [0, 1], [299, 130], 0, 0.0625))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -146,8 +151,7 @@ def test_long_context_decode_split_keys(threads):
     np.testing.assert_allclose(ours, reference(q, k, v, [0], [4150], 0, 0.1, True), atol=3e-3,
                                rtol=0)
     if threads == 1:
-        np.testing.assert_allclose(ours, one_chunk_transcript(q, k, v, [0], [4150], 0, 0.1),
-                                   atol=F16_ATOL, rtol=0)
+        assert_f16_path(ours, one_chunk_transcript(q, k, v, [0], [4150], 0, 0.1))
 
 
 @pytest.mark.parametrize("n_tokens", [8, 70])
@@ -164,10 +168,10 @@ def test_rising_max_rescales_the_accumulator(n_tokens):
     slots = np.zeros(n_tokens, int)
     ours = run(q, k, v, slots, positions, 0, 1.0)
     if n_tokens < FA_TILE_Q:
-        expected, atol = one_chunk_transcript(q, k, v, slots, positions, 0, 1.0), F16_ATOL
+        assert_f16_path(ours, one_chunk_transcript(q, k, v, slots, positions, 0, 1.0))
     else:
-        expected, atol = reference(q, k, v, slots, positions, 0, 1.0, False), F32_ATOL
-    np.testing.assert_allclose(ours, expected, atol=atol, rtol=0)
+        np.testing.assert_allclose(ours, reference(q, k, v, slots, positions, 0, 1.0, False),
+                                   atol=F32_ATOL, rtol=0)
 
 
 def test_given_scratch_is_used_and_any_size_works():

@@ -31,6 +31,7 @@ from numba import get_thread_id, njit, prange, types
 from numba.extending import overload
 from numba.np.ufunc.parallel import _iget_num_threads
 
+from edgeinfer.kernels.attn_blocks import fits, score_block, value_block
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 from edgeinfer.kernels.prefetch import prefetch
@@ -148,9 +149,16 @@ def _scores4(qt, src, s, j0, kvh, ra, rb, rc, rd, a, b, sc, col, k_pf, v_pf, pf_
     """sc[r, col + jj] = qt[r] . K[jj] for jj in [a, b) and rows ra..rd (repeats allowed),
     K[jj] = src[s, j0 + jj, kvh] (F16 bits or f32). 4 rows x 4 keys per pass: 16 independent
     accumulators hide the FMA latency and each load feeds 4 FMAs. Cache rows PREFETCH_KEYS
-    ahead (and before pf_end, 0: none) in k_pf and v_pf are prefetched."""
+    ahead (and before pf_end, 0: none) in k_pf and v_pf are prefetched. Head dimensions that
+    fill whole vectors take attn_blocks.score_block, others these loops."""
     hd = qt.shape[1]
     jj = a
+    if fits(hd):
+        while jj < b:
+            score_block(qt, ra, rb, rc, rd, src, s, j0, kvh, jj, min(4, b - jj), sc, col,
+                        k_pf, v_pf, PREFETCH_KEYS if pf_end > 0 else 0)
+            jj += 4
+        return
     while jj + 4 <= b:
         for r in range(4 if pf_end > 0 else 0):
             _prefetch_kv(k_pf, v_pf, s, j0 + jj + PREFETCH_KEYS + r, kvh, pf_end)
@@ -205,8 +213,13 @@ def _accumulate4(acc, sc, col, src, s, j0, kvh, ra, rb, rc, rd, pa, pb, pc, pd, 
     """acc[ra] += sum over jj in [a, b) of sc[pa, col + jj] * V[jj] (V[jj] = src[s, j0 + jj,
     kvh]), likewise for (rb, pb), (rc, pc), (rd, pd): 4 rows x 4 value rows per pass, one load
     and store of each acc row per 4 FMAs. The acc rows must be distinct (a spare row takes
-    the place of a missing one), the P rows need not be."""
+    the place of a missing one), the P rows need not be. Head dimensions that fill whole
+    vectors take attn_blocks.value_block (one FMA per key, in key order), others these
+    loops."""
     hd = acc.shape[1]
+    if fits(hd):
+        value_block(acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s, j0, kvh, a, b)
+        return
     jj = a
     while jj + 4 <= b:
         o = col + jj
