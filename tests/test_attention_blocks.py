@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edgeinfer.kernels.attn_blocks import LANES, fits, score_block, value_block
+from edgeinfer.kernels.attn_blocks import (
+    LANES,
+    fits,
+    score_block,
+    value_block,
+    value_block_f16,
+)
 
 HEAD_DIMS = [LANES, 64, 256]
 
@@ -31,6 +37,12 @@ def all_scores(qt, rows, src, s, j0, kvh, a, b, sc, col, k_pf, v_pf, ahead):
 def all_values(acc, rows, prow, sc, col, src, s, j0, kvh, a, b):
     value_block(acc, rows[0], rows[1], rows[2], rows[3], prow[0], prow[1], prow[2], prow[3],
                 sc, col, src, s, j0, kvh, a, b)
+
+
+@njit
+def all_values_f16(acc, rows, prow, sc, col, src, s, j0, kvh, a, b, rs):
+    value_block_f16(acc, rows[0], rows[1], rows[2], rows[3], prow[0], prow[1], prow[2],
+                    prow[3], sc, col, src, s, j0, kvh, a, b, rs)
 
 
 def cache(rng, hd, f32):
@@ -72,6 +84,37 @@ def test_value_block(hd, f32, a, b):
         want = before[r] + p[pr, col + a : col + b].astype(np.float64) @ v
         np.testing.assert_allclose(acc[r], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(acc[2:5], before[2:5])  # rows not named stay as they were
+
+
+@pytest.mark.parametrize("hd", HEAD_DIMS)
+def test_value_block_f16_rounds_after_every_key(hd):
+    """Flash attention's F16 path: key by key, a rescale (factor != 1) then the multiply-add,
+    each rounded to F16, against numpy doing exactly that (float64 products, so only a rare
+    double rounding may differ, by one F16 step)."""
+    rng = np.random.default_rng(hd)
+    values, src = cache(rng, hd, False)
+    acc = rng.standard_normal((7, hd)).astype(np.float16).astype(np.float32)
+    before = acc.copy()
+    p = rng.random((5, 40)).astype(np.float32)
+    rs = np.ones((5, 40), np.float32)
+    rs[0, 9], rs[2, 12], rs[4, 9] = 0.5, 0.25, 0.125  # new maxima at a few keys
+    rows, prow, j0, col, a, b = np.array([0, 1, 5, 6]), np.array([0, 2, 4, 4]), 5, 7, 0, 14
+    all_values_f16(acc, rows, prow, p, col, src, 1, j0, 2, a, b, rs)
+    f16 = np.float16
+    for r, pr in zip(rows, prow):
+        want = before[r].copy()
+        for jj in range(a, b):
+            if rs[pr, col + jj] != 1.0:
+                want = (want * rs[pr, col + jj]).astype(f16).astype(np.float32)
+            v = values[1, j0 + jj, 2].astype(np.float64)
+            exact = p[pr, col + jj].astype(np.float64) * v + want.astype(np.float64)
+            want = exact.astype(np.float32).astype(f16).astype(np.float32)
+        diff = np.abs(acc[r] - want)
+        assert (diff == 0).mean() > 0.95 and diff.max() <= 2.0 ** -10 * np.abs(want).max()
+    np.testing.assert_array_equal(acc[2:5], before[2:5])
+    unrounded = before[0] + p[0, col + a : col + b].astype(np.float64) @ \
+        values[1, j0 + a : j0 + b, 2].astype(np.float64)
+    assert not np.allclose(acc[0], unrounded, atol=1e-4)  # the rescale and rounding happened
 
 
 def test_fits_whole_vectors_only():

@@ -11,6 +11,9 @@ multiply-adds per cycle where the FMA units allow 32. Here:
   16 dot products in one vector, stored 4 per row.
 - `value_block`: up to 4 chunks x 4 rows of accumulators stay in registers across the keys,
   each key's value chunk is loaded once and multiplied by the 4 rows' weights.
+- `value_block_f16`: the same for flash attention's F16 path, whose accumulators are rounded
+  to F16 after every key (and every rescale): in registers, a full-width round trip per
+  vector, where the loop vectorizer went through memory on half-width vectors.
 
 Sources are the F16 cache (uint16 bits, converted on load) or a block already converted to
 float32, both indexed [slot, cell, kv head, d]; the head dimension must be a multiple of
@@ -27,7 +30,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.f16 import f32_to_half, half_to_f32
 from edgeinfer.kernels.target import CPU_FEATURES
 
 LANES = 16 if "avx512f" in CPU_FEATURES else 8  # floats per vector register
@@ -202,16 +205,12 @@ def score_block(typingctx, qt, ra, rb, rc, rd, src, s, j0, kvh, jj, n_keys, sc, 
     return sig, codegen
 
 
-@intrinsic
-def value_block(typingctx, acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s, j0, kvh, a,
-                b):
-    """acc[ra] += sum over jj in [a, b), in order, of sc[pa, col + jj] * src[s, j0 + jj, kvh]
-    (fused multiply-adds), likewise (rb, pb), (rc, pc), (rd, pd). The acc rows must be
-    distinct (a spare row takes the place of a missing one), the P rows need not be."""
-    _check(_is(acc, 2, (types.float32,)) and _is(sc, 2, (types.float32,)), "acc/sc")
-    _check(_is(src, 4, (types.uint16, types.float32)), "src")
-    ip = types.intp
-    sig = types.none(acc, ip, ip, ip, ip, ip, ip, ip, ip, sc, ip, src, ip, ip, ip, ip, ip)
+def _round_f16(builder, v):
+    return half_to_f32(builder, f32_to_half(builder, v))
+
+
+def _value_codegen(f16_acc: bool):
+    """value_block (f16_acc False) or value_block_f16's code generator."""
 
     def codegen(context, builder, signature, args):
         out = _Array(context, builder, signature.args[0], args[0])
@@ -220,10 +219,12 @@ def value_block(typingctx, acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s,
         col_ = args[10]
         v_src = _Array(context, builder, signature.args[11], args[11])
         s_, j0_, kvh_, a_, b_ = args[12:17]
+        scale = _Array(context, builder, signature.args[17], args[17]) if f16_acc else None
         hd = builder.udiv(out.strides[0], ir.Constant(_I64, 4))
         n_chunks = builder.udiv(hd, ir.Constant(_I64, LANES))
         group = ir.Constant(_I64, 4)  # chunks per pass: 4 rows x 4 chunks in registers
         n_pass = builder.udiv(builder.add(n_chunks, ir.Constant(_I64, 3)), group)
+        one = ir.Constant(_F32, 1.0)
         with cgutils.for_range(builder, n_pass) as pass_:
             c0 = builder.mul(pass_.index, group)
             width = builder.sub(n_chunks, c0)
@@ -244,16 +245,55 @@ def value_block(typingctx, acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s,
                 vv = [_load_chunk(builder, v_src, (s_, key, kvh_), d) for d in chunks]
                 at = builder.add(col_, jj)
                 for r, pr in enumerate(prow):
+                    if f16_acc:  # a new running maximum: the accumulator is rescaled first
+                        ms = builder.load(scale.ptr(pr, at, ty=_F32), align=4)
+                        with builder.if_then(builder.fcmp_ordered("!=", ms, one),
+                                             likely=False):
+                            msv = _splat(builder, ms)
+                            for c in range(4):
+                                scaled = builder.fmul(builder.load(accs[r][c]), msv)
+                                builder.store(_round_f16(builder, scaled), accs[r][c])
                     w = builder.load(p.ptr(pr, at, ty=_F32), align=4)
-                    ws = builder.insert_element(ir.Constant(_VF, None), w, ir.Constant(_I32, 0))
-                    ws = builder.shuffle_vector(ws, ws, ir.Constant(ir.VectorType(_I32, LANES),
-                                                                    [0] * LANES))
+                    ws = _splat(builder, w)
                     for c in range(4):
-                        builder.store(_fma(builder, ws, vv[c], builder.load(accs[r][c])),
-                                      accs[r][c])
+                        new = _fma(builder, ws, vv[c], builder.load(accs[r][c]))
+                        if f16_acc:
+                            new = _round_f16(builder, new)
+                        builder.store(new, accs[r][c])
             for r, row in enumerate(rows):
                 for c, d in enumerate(chunks):
                     builder.store(builder.load(accs[r][c]), out.ptr(row, d, ty=_VF), align=4)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+def _splat(builder, x):
+    v = builder.insert_element(ir.Constant(_VF, None), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+def _value_sig(acc, sc, src):
+    _check(_is(acc, 2, (types.float32,)) and _is(sc, 2, (types.float32,)), "acc/sc")
+    _check(_is(src, 4, (types.uint16, types.float32)), "src")
+    ip = types.intp
+    return (acc, ip, ip, ip, ip, ip, ip, ip, ip, sc, ip, src, ip, ip, ip, ip, ip)
+
+
+@intrinsic
+def value_block(typingctx, acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s, j0, kvh, a,
+                b):
+    """acc[ra] += sum over jj in [a, b), in order, of sc[pa, col + jj] * src[s, j0 + jj, kvh]
+    (fused multiply-adds), likewise (rb, pb), (rc, pc), (rd, pd). The acc rows must be
+    distinct (a spare row takes the place of a missing one), the P rows need not be."""
+    return types.none(*_value_sig(acc, sc, src)), _value_codegen(False)
+
+
+@intrinsic
+def value_block_f16(typingctx, acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, col, src, s, j0, kvh,
+                    a, b, rs):
+    """value_block with F16 accumulators, key by key in order: acc[ra] = F16(acc[ra] *
+    rs[pa, col + jj]) when that factor is not 1, then acc[ra] = F16(acc[ra] + sc[pa, col +
+    jj] * V) (ggml_vec_scale_f16 and ggml_vec_mad_f16); likewise the other rows."""
+    _check(_is(rs, 2, (types.float32,)), "rs")
+    return types.none(*_value_sig(acc, sc, src), rs), _value_codegen(True)

@@ -45,6 +45,7 @@ from edgeinfer.kernels.attention import (
     _same_keys,
     _scores4,
 )
+from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import round_f16
 
@@ -145,8 +146,12 @@ def _accumulate4_f16(acc, sc, rs, src, sl, j0, kvh, ra, rb, rc, rd, pa, pb, pc, 
     then acc[ra] = F16(acc[ra] + sc[pa, k] * V[k]) (V[k] = src[sl, j0 + k, kvh]); likewise
     (rb, pb), (rc, pc), (rd, pd). The acc rows must be distinct (a spare row takes the place
     of a missing one): their F16 round trips are then 4 independent chains, where one row
-    alone is latency-bound on its own."""
+    alone is latency-bound on its own. Head dimensions that fill whole vectors take
+    attn_blocks.value_block_f16 (the same operations, accumulators in registers)."""
     hd = acc.shape[1]
+    if fits(hd):
+        value_block_f16(acc, ra, rb, rc, rd, pa, pb, pc, pd, sc, 0, src, sl, j0, kvh, a, b, rs)
+        return
     for k in range(a, b):
         for r, p in ((ra, pa), (rb, pb), (rc, pc), (rd, pd)):
             if rs[p, k] != 1.0:
