@@ -17,11 +17,12 @@ from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats
 ATOL = 1.5e-3
 
 
-def reference(q, k_cache, v_cache, slots, positions, window, scale):
-    """out[i, h] = softmax(scale * K q) V over cells [lo, pos] of the row's slot, float64."""
+def reference(q, k_cache, v_cache, slots, positions, window, scale, round_q=True):
+    """out[i, h] = softmax(scale * K q) V over cells [lo, pos] of the row's slot, float64,
+    with q rounded to F16 first unless round_q is False."""
     n, n_head, hd = q.shape
     group = n_head // k_cache.shape[2]
-    qr = q.astype(np.float16).astype(np.float64)
+    qr = (q.astype(np.float16) if round_q else q).astype(np.float64)
     keys = k_cache.view(np.float16).astype(np.float64)
     values = v_cache.view(np.float16).astype(np.float64)
     out = np.zeros((n, n_head, hd))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from test_attention import make_cache
+from test_attention import make_cache, reference
 
 from edgeinfer.kernels.attention import KEY_BLOCK
 from edgeinfer.kernels.flash import FA_TILE_Q, flash_attention, flash_scratch_floats
@@ -27,23 +27,6 @@ def assert_f16_path(ours, transcript):
     diff = np.abs(ours - transcript)
     assert diff.max() <= F16_STEP, diff.max()
     assert (diff > F16_CLOSE).mean() < 0.005, (diff > F16_CLOSE).mean()
-
-
-def reference(q, k_cache, v_cache, slots, positions, window, scale, round_q):
-    """softmax(scale * K q) V over cells [lo, pos] of each row's slot, in float64."""
-    n, n_head, hd = q.shape
-    group = n_head // k_cache.shape[2]
-    qr = (q.astype(np.float16) if round_q else q).astype(np.float64)
-    keys = k_cache.view(np.float16).astype(np.float64)
-    values = v_cache.view(np.float16).astype(np.float64)
-    out = np.zeros((n, n_head, hd))
-    for i, (s, p) in enumerate(zip(slots, positions)):
-        lo = max(0, p - window + 1) if window > 0 else 0
-        for h in range(n_head):
-            x = keys[s, lo : p + 1, h // group] @ qr[i, h] * scale
-            w = np.exp(x - x.max())
-            out[i, h] = (w / w.sum()) @ values[s, lo : p + 1, h // group]
-    return out
 
 
 def one_chunk_transcript(q, k_cache, v_cache, slots, positions, window, scale, round_acc=True):

@@ -40,14 +40,12 @@ def test_golden_file_matches_model(case):
     assert model.tokenizer.add_bos == golden["add_bos"]
 
 
-def test_teacher_forced_greedy(case):
-    _, model, golden = case
+def assert_greedy_bounds(golden, logits_of) -> None:
+    """The issues' bounds over every greedy step; logits_of(item) gives that item's logits
+    rows for its steps."""
     agree, strong_misses, diffs = [], [], []
     for item in golden["greedy"]:
-        prompt, ids = item["prompt_ids"], item["ids"]
-        first = len(prompt) - 1
-        logits = model.logits(prompt + ids, rows=range(first, first + len(item["steps"])))
-        for j, (row, step) in enumerate(zip(logits, item["steps"])):
+        for j, (row, step) in enumerate(zip(logits_of(item), item["steps"])):
             top, margin = step[0][0], step[0][1] - step[1][1]
             agree.append(int(row.argmax()) == top)
             if not agree[-1] and margin > 0.3:
@@ -56,6 +54,17 @@ def test_teacher_forced_greedy(case):
     assert not strong_misses, strong_misses
     assert np.mean(agree) >= 0.95
     assert np.median(diffs) <= 0.2
+
+
+def test_teacher_forced_greedy(case):
+    _, model, golden = case
+
+    def logits_of(item):
+        prompt, ids = item["prompt_ids"], item["ids"]
+        first = len(prompt) - 1
+        return model.logits(prompt + ids, rows=range(first, first + len(item["steps"])))
+
+    assert_greedy_bounds(golden, logits_of)
 
 
 def test_prompt_logits(case):
@@ -111,8 +120,8 @@ def test_flash_attention_decode_within_bounds(flash_case):
     by token as generation runs: the prompt prefilled, then each greedy token decoded."""
     model, golden = flash_case
     tf, n_vocab = model.transformer, model.config.n_vocab
-    agree, strong_misses, diffs = [], [], []
-    for item in golden["greedy"]:
+
+    def logits_of(item):
         prompt, ids, steps = item["prompt_ids"], item["ids"], item["steps"]
         seq = prompt + ids
         rows = np.zeros((len(steps), n_vocab), np.float32)
@@ -124,12 +133,6 @@ def test_flash_attention_decode_within_bounds(flash_case):
             p = np.array([n - 1 + j], np.int32)
             tf.forward(np.asarray(seq[n - 1 + j : n + j], np.int32), p, np.zeros(1, np.int32),
                        np.zeros(1, np.int32), rows[j : j + 1])
-        for j, (row, step) in enumerate(zip(rows, steps)):
-            top, margin = step[0][0], step[0][1] - step[1][1]
-            agree.append(int(row.argmax()) == top)
-            if not agree[-1] and margin > 0.3:
-                strong_misses.append((item["prompt"][:30], j, margin))
-            diffs.extend(abs(float(row[t]) - v) for t, v in step)
-    assert not strong_misses, strong_misses
-    assert np.mean(agree) >= 0.95
-    assert np.median(diffs) <= 0.2
+        return rows
+
+    assert_greedy_bounds(golden, logits_of)

@@ -85,10 +85,8 @@ def _thread_scratch(buf, rows, hd, n_ctx):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _softmax_row(x, scale):
-    """llama.cpp's soft_max_f32 on one row of raw dots x (a view, so loops run from 0 and
-    vectorize): x*scale, max, exp(x - max), sum in double, then P = x * (float)(1/sum)
-    rounded to F16, which its F16 P·V matmul does when it converts P."""
+def _scaled_max(x, scale):
+    """x *= scale (x a view, so loops run from 0 and vectorize); returns max(x)."""
     n = x.shape[0]
     for k in range(n):
         x[k] *= scale
@@ -100,7 +98,16 @@ def _softmax_row(x, scale):
         t3 = max(t3, x[4 * k + 3])
     for k in range(n - n % 4, n):
         t0 = max(t0, x[k])
-    top = max(max(t0, t1), max(t2, t3))
+    return max(max(t0, t1), max(t2, t3))
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _softmax_row(x, scale):
+    """llama.cpp's soft_max_f32 on one row of raw dots x (a view, so loops run from 0 and
+    vectorize): x*scale, max, exp(x - max), sum in double, then P = x * (float)(1/sum)
+    rounded to F16, which its F16 P·V matmul does when it converts P."""
+    n = x.shape[0]
+    top = _scaled_max(x, scale)
     for k in range(n):  # apart from the double sum, which would keep this loop scalar
         x[k] = expf(x[k] - top)
     total = 0.0
@@ -273,16 +280,17 @@ def _same_keys(positions, i0, t, nt, window, j0, j1):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _tile_setup(q, positions, i0, nt, kvh, group, window, qt):
-    """Round the tile's query rows (r = token * group + head in group) to F16 into qt;
-    return the union [ka, kb) of the tokens' key ranges."""
+def _tile_setup(q, positions, i0, nt, kvh, group, window, qt, round_q=True):
+    """The tile's query rows (r = token * group + head in group) into qt, rounded to F16
+    unless round_q is False; return the union [ka, kb) of the tokens' key ranges."""
     ka, kb = positions[i0] + 1, 0
     for t in range(nt):
         lo, hi = _key_range(positions[i0 + t], window)
         ka, kb = min(ka, lo), max(kb, hi)
         for g in range(group):
             for d in range(q.shape[2]):
-                qt[t * group + g, d] = round_f16(q[i0 + t, kvh * group + g, d])
+                x = q[i0 + t, kvh * group + g, d]
+                qt[t * group + g, d] = round_f16(x) if round_q else x
     return ka, kb
 
 
@@ -396,6 +404,34 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
         i = i1
 
 
+@njit(cache=True, nogil=True)
+def _plan(positions, window, n_head, n_kv, hd, tile):
+    """How a call splits: (parallel, tokens per work item, work items, longest key range).
+    Below ~10 us of work (q.k and p.v multiply-adds), waking the other threads costs more
+    than it saves. In parallel, small batches get smaller tiles so every thread has work."""
+    n = positions.shape[0]
+    # numba.get_num_threads() inside a kernel goes through a ctypes pointer, which stops
+    # caching; its intrinsic calls the same C function by name.
+    n_thr = _iget_num_threads()
+    macs, longest = 0, 0
+    for i in range(n):
+        lo, hi = _key_range(positions[i], window)
+        macs += 2 * (hi - lo) * n_head * hd
+        longest = max(longest, hi - lo)
+    parallel = n_thr > 1 and macs >= SERIAL_MACS
+    chunk = max(1, min(tile, n // (2 * n_thr))) if parallel else tile
+    return parallel, chunk, (n + chunk - 1) // chunk * n_kv, longest
+
+
+@njit(cache=True, nogil=True)
+def _split_parts(n_items, longest):
+    """Key ranges per row when few long rows (decode) are split across the threads; 1: none."""
+    n_thr = _iget_num_threads()
+    if n_thr > 1 and n_items < 2 * n_thr and longest >= 2 * SPLIT_MIN_KEYS:
+        return min((2 * n_thr + n_items - 1) // n_items, longest // SPLIT_MIN_KEYS)
+    return 1
+
+
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
 def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out):
     """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
@@ -405,25 +441,13 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out)
     n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
     tile = _tile_tokens(group, n_ctx)
-    # numba.get_num_threads() inside a kernel goes through a ctypes pointer, which stops
-    # caching; its intrinsic calls the same C function by name.
-    n_thr = _iget_num_threads()
-    macs, longest = 0, 0  # q.k and p.v multiply-adds; the longest key range
-    for i in range(n):
-        lo, hi = _key_range(positions[i], window)
-        macs += 2 * (hi - lo) * n_head * hd
-        longest = max(longest, hi - lo)
-    # Below ~10 us of work, waking the other threads costs more than it saves. In parallel,
-    # small batches get smaller tiles so every thread has work.
-    parallel = n_thr > 1 and macs >= SERIAL_MACS
-    chunk = max(1, min(tile, n // (2 * n_thr))) if parallel else tile
-    n_items = (n + chunk - 1) // chunk * n_kv
+    parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, tile)
     need = _scratch_floats(tile * group, hd, n_ctx)
     work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
-    if parallel and n_items < 2 * n_thr and longest >= 2 * SPLIT_MIN_KEYS:
+    n_part = _split_parts(n_items, longest) if parallel else 1
+    if n_part > 1:
         # Few long rows (decode): split each row's keys into parts across the threads. Then
         # chunk == 1. Scores, softmax and P·V become three parallel steps with shared scores.
-        n_part = min((2 * n_thr + n_items - 1) // n_items, longest // SPLIT_MIN_KEYS)
         sc_all = np.empty((n, n_head, longest), np.float32)
         part_acc = np.empty((n_part, n, n_head, hd), np.float32)
         for w in prange(n_items * n_part):

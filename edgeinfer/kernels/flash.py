@@ -27,23 +27,23 @@ from __future__ import annotations
 
 import numpy as np
 from numba import get_thread_id, njit, prange
-from numba.np.ufunc.parallel import _iget_num_threads
 
 from edgeinfer.kernels.attention import (
     FAST,
     KEY_BLOCK,
     PREFETCH_KEYS,
-    SERIAL_MACS,
-    SPLIT_MIN_KEYS,
     TILE_TOKENS,
     _accumulate4,
     _blocks,
     _convert_rows,
     _f32,
-    _key_range,
+    _plan,
     _prefetch_kv,
     _same_keys,
+    _scaled_max,
     _scores4,
+    _split_parts,
+    _tile_setup,
 )
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
@@ -88,18 +88,8 @@ def _online_f32(x, scale, acc, m, s, r):
     """The f32 path's softmax step for one row and one block of raw dots x (a view): rescale
     acc[r] and s[r] if the block raises the maximum m[r]; x becomes P = expf(x*scale - M)."""
     n = x.shape[0]
-    for k in range(n):
-        x[k] *= scale
-    t0 = t1 = t2 = t3 = np.float32(-np.inf)  # 4 partial maxima: one chain is latency-bound
-    for k in range(n // 4):
-        t0 = max(t0, x[4 * k])
-        t1 = max(t1, x[4 * k + 1])
-        t2 = max(t2, x[4 * k + 2])
-        t3 = max(t3, x[4 * k + 3])
-    for k in range(n - n % 4, n):
-        t0 = max(t0, x[k])
     m_old = m[r]
-    m_new = max(m_old, max(max(t0, t1), max(t2, t3)))
+    m_new = max(m_old, _scaled_max(x, scale))
     if m_new > m_old:
         ms = expf(m_old - m_new)
         for d in range(acc.shape[1]):
@@ -166,21 +156,6 @@ def _accumulate4_f16(acc, sc, rs, src, sl, j0, kvh, ra, rb, rc, rd, pa, pb, pc, 
 
 
 # ------------------------------------------------------------------------------ one tile
-
-
-@njit(cache=True, nogil=True, fastmath=FAST)
-def _flash_setup(q, positions, i0, nt, kvh, group, window, f16_path, qt):
-    """The tile's query rows (r = token * group + head in group) into qt, F16-rounded on the
-    F16 path; return the union [ka, kb) of the tokens' key ranges."""
-    ka, kb = positions[i0] + 1, 0
-    for t in range(nt):
-        lo, hi = _key_range(positions[i0 + t], window)
-        ka, kb = min(ka, lo), max(kb, hi)
-        for g in range(group):
-            for d in range(q.shape[2]):
-                x = q[i0 + t, kvh * group + g, d]
-                qt[t * group + g, d] = round_f16(x) if f16_path else x
-    return ka, kb
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -284,7 +259,7 @@ def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window
         while i1 < end and i1 - i < TILE_TOKENS and slots[i1] == slots[i]:
             i1 += 1
         nt = i1 - i
-        ka, kb = _flash_setup(q, positions, i, nt, kvh, group, window, f16_path, qt)
+        ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt, f16_path)
         blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
         _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i, nt,
                     group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
@@ -326,22 +301,14 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
     f16_path = n < FA_TILE_Q
-    n_thr = _iget_num_threads()
-    macs, longest = 0, 0
-    for i in range(n):
-        lo, hi = _key_range(positions[i], window)
-        macs += 2 * (hi - lo) * n_head * hd
-        longest = max(longest, hi - lo)
-    parallel = n_thr > 1 and macs >= SERIAL_MACS
-    chunk = max(1, min(TILE_TOKENS, n // (2 * n_thr))) if parallel else TILE_TOKENS
-    n_items = (n + chunk - 1) // chunk * n_kv
+    parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, TILE_TOKENS)
     need = _flash_floats(TILE_TOKENS * group, hd)
     work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
                                                              np.float32)
-    if parallel and n_items < 2 * n_thr and longest >= 2 * SPLIT_MIN_KEYS:
+    n_part = _split_parts(n_items, longest) if parallel else 1
+    if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
         # each part's (M, S, acc) kept, then merged.
-        n_part = min((2 * n_thr + n_items - 1) // n_items, longest // SPLIT_MIN_KEYS)
         part_acc = np.empty((n_part, n, n_head, hd), np.float32)
         part_m = np.empty((n_part, n, n_head), np.float32)
         part_s = np.empty((n_part, n, n_head), np.float32)
@@ -349,7 +316,7 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
             i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
             qt, acc, kf, sc, rs, m, s = _flash_scratch(work[get_thread_id()], TILE_TOKENS * group,
                                                    hd)
-            ka, kb = _flash_setup(q, positions, i, 1, kvh, group, window, f16_path, qt)
+            ka, kb = _tile_setup(q, positions, i, 1, kvh, group, window, qt, f16_path)
             blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
             _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i,
                         1, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
