@@ -41,7 +41,8 @@ def make_cache(rng, n_slots, n_ctx, n_kv, hd):
     return k, v
 
 
-def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None):
+def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None,
+        kernel=attention):
     slots, positions = np.asarray(slots, np.int32), np.asarray(positions, np.int32)
     if scratch is None:
         scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, k_cache.shape[1]), np.float32)
@@ -50,8 +51,7 @@ def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch
     old = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        attention(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch,
-                  out)
+        kernel(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch, out)
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(q, q_before)  # q is read, not rounded in place

@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import pytest
 from test_attention import make_cache, reference
+from test_attention import run as run_kernel
 
 from edgeinfer.kernels.attention import KEY_BLOCK
 from edgeinfer.kernels.flash import FA_TILE_Q, flash_attention, flash_scratch_floats
@@ -58,20 +59,12 @@ def one_chunk_transcript(q, k_cache, v_cache, slots, positions, window, scale, r
 
 
 def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None):
-    slots, positions = np.asarray(slots, np.int32), np.asarray(positions, np.int32)
+    """test_attention's runner on flash_attention; by default with a scratch too small, so
+    the kernel allocates its own."""
     if scratch is None:
         scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, 1), np.float32)
-    out = np.full(q.shape, np.nan, np.float32)
-    q_before = q.copy()
-    old = numba.get_num_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    try:
-        flash_attention(q, k_cache, v_cache, slots, positions, window, np.float32(scale),
-                        scratch, out)
-    finally:
-        numba.set_num_threads(old)
-    np.testing.assert_array_equal(q, q_before)
-    return out
+    return run_kernel(q, k_cache, v_cache, slots, positions, window, scale, threads, scratch,
+                      kernel=flash_attention)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

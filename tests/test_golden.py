@@ -21,16 +21,19 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-
 pytestmark = pytest.mark.real
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def case(request, real_model):
-    name = request.param
+def load_case(name, real_model, flash_attn=False):
     golden_file = GOLDEN / f"{name}.json"
     if not golden_file.exists():
         pytest.skip(f"no golden file {golden_file}")
     from edgeinfer.api import Model
 
-    model = Model.load(real_model(MODELS[name]), n_ctx=512)
+    model = Model.load(real_model(MODELS[name]), n_ctx=512, flash_attn=flash_attn)
     return name, model, json.loads(golden_file.read_text())
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def case(request, real_model):
+    return load_case(request.param, real_model)
 
 
 def test_golden_file_matches_model(case):
@@ -104,21 +107,14 @@ def test_perplexity(case):
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def flash_case(request, real_model):
-    name = request.param
-    golden_file = GOLDEN / f"{name}.json"
-    if not golden_file.exists():
-        pytest.skip(f"no golden file {golden_file}")
-    from edgeinfer.api import Model
-
-    model = Model.load(real_model(MODELS[name]), n_ctx=512, flash_attn=True)
-    return model, json.loads(golden_file.read_text())
+    return load_case(request.param, real_model, flash_attn=True)
 
 
 def test_flash_attention_decode_within_bounds(flash_case):
     """-fa on (llama.cpp's flash numerics: f32 online softmax for the >= 64-token prefill,
     F16 accumulators for one-token steps) stays within the same bounds, teacher-forced token
     by token as generation runs: the prompt prefilled, then each greedy token decoded."""
-    model, golden = flash_case
+    _, model, golden = flash_case
     tf, n_vocab = model.transformer, model.config.n_vocab
 
     def logits_of(item):

@@ -71,17 +71,34 @@ def _scratch_floats(rows, hd, n_ctx):
 
 
 @njit(cache=True, nogil=True)
-def _thread_scratch(buf, rows, hd, n_ctx):
-    """One thread's views of its scratch row: the tile's F16-rounded Q, its accumulators (+3
-    spare rows), a block of converted K or V rows, and the rows' scores then probabilities."""
+def _tile_views(buf, rows, hd):
+    """The start of a thread's scratch row, as both kernels lay it out: the tile's Q rows,
+    its accumulators (+3 spare rows), a block of K or V rows converted to f32; and the
+    offset where the rest begins."""
     qt = buf[: rows * hd].reshape((rows, hd))
     off = rows * hd
     acc = buf[off : off + (rows + 3) * hd].reshape((rows + 3, hd))
     off += (rows + 3) * hd
     kf = buf[off : off + KEY_BLOCK * hd].reshape((1, KEY_BLOCK, 1, hd))  # as a cache slice
-    off += KEY_BLOCK * hd
+    return qt, acc, kf, off + KEY_BLOCK * hd
+
+
+@njit(cache=True, nogil=True)
+def _thread_scratch(buf, rows, hd, n_ctx):
+    """One thread's views of its scratch row: _tile_views, then the rows' scores, then
+    probabilities."""
+    qt, acc, kf, off = _tile_views(buf, rows, hd)
     sc = buf[off : off + rows * n_ctx].reshape((rows, n_ctx))
     return qt, acc, kf, sc
+
+
+@njit(cache=True, nogil=True)
+def _work_item(w, n_items, n_kv):
+    """Work item w's (chunk, KV head). Zigzag order: causal prefill chunks grow in cost, and
+    prange hands each thread a contiguous range of w, so pair cheap early items with
+    expensive late ones."""
+    item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2
+    return item // n_kv, item % n_kv
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -379,10 +396,7 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
     n, n_head, hd = q.shape
     n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
-    # Zigzag order: causal prefill chunks grow in cost, and prange hands each thread a
-    # contiguous range of w, so pair cheap early items with expensive late ones.
-    item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2
-    c, kvh = item // n_kv, item % n_kv
+    c, kvh = _work_item(w, n_items, n_kv)
     qt, acc, kf, sc = _thread_scratch(buf, _tile_tokens(group, n_ctx) * group, hd, n_ctx)
     i = c * chunk
     end = min(n, i + chunk)

@@ -44,6 +44,8 @@ from edgeinfer.kernels.attention import (
     _scores4,
     _split_parts,
     _tile_setup,
+    _tile_views,
+    _work_item,
 )
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
@@ -64,15 +66,9 @@ def _flash_floats(rows, hd):
 
 @njit(cache=True, nogil=True)
 def _flash_scratch(buf, rows, hd):
-    """One thread's views: the tile's Q rows, accumulators (+3 spare rows), a block of K or V
-    rows converted to f32, the rows' scores of one key block (then weights) and the F16
-    path's rescale factors, and their running M and S."""
-    qt = buf[: rows * hd].reshape((rows, hd))
-    off = rows * hd
-    acc = buf[off : off + (rows + 3) * hd].reshape((rows + 3, hd))
-    off += (rows + 3) * hd
-    kf = buf[off : off + KEY_BLOCK * hd].reshape((1, KEY_BLOCK, 1, hd))  # as a cache slice
-    off += KEY_BLOCK * hd
+    """One thread's views: attention._tile_views, then the rows' scores of one key block
+    (then weights) and the F16 path's rescale factors, and their running M and S."""
+    qt, acc, kf, off = _tile_views(buf, rows, hd)
     sc = buf[off : off + rows * KEY_BLOCK].reshape((rows, KEY_BLOCK))
     off += rows * KEY_BLOCK
     rs = buf[off : off + rows * KEY_BLOCK].reshape((rows, KEY_BLOCK))
@@ -249,14 +245,13 @@ def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window
     n, n_head, hd = q.shape
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
-    item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2  # zigzag, as attention.py
-    c, kvh = item // n_kv, item % n_kv
+    c, kvh = _work_item(w, n_items, n_kv)
     qt, acc, kf, sc, rs, m, s = _flash_scratch(buf, TILE_TOKENS * group, hd)
     i = c * chunk
     end = min(n, i + chunk)
     while i < end:
         i1 = i + 1
-        while i1 < end and i1 - i < TILE_TOKENS and slots[i1] == slots[i]:
+        while i1 < end and slots[i1] == slots[i]:  # chunk <= TILE_TOKENS
             i1 += 1
         nt = i1 - i
         ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt, f16_path)
