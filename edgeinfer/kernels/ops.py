@@ -22,7 +22,7 @@ PARALLEL_ROWS = 32  # batches at least this long run the row loops on all thread
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rms_row(x, weight, eps, out, i):
+def _rms_scale(x, eps, i):
     """ggml: f32 squares summed in double (one running sum there; four here, which breaks
     the 4-cycle dependency chain that made this the slowest small op of a prefill; the double
     sums agree far below the f32 rounding of the mean)."""
@@ -36,9 +36,24 @@ def _rms_row(x, weight, eps, out, i):
     for j in range(n - n % 4, n):
         a0 += np.float64(x[i, j] * x[i, j])
     acc = (a0 + a1) + (a2 + a3)
-    scale = np.float32(1.0) / np.sqrt(np.float32(acc / n) + np.float32(eps))
+    return np.float32(1.0) / np.sqrt(np.float32(acc / n) + np.float32(eps))
+
+
+# Element-wise loops vectorize behind a run-time check that the output overlaps no input;
+# an aliased output fails it and runs scalar. So x and out are distinct here, and in-place
+# normalization (q/k norms) has its own loop, whose same-index store needs no check.
+@njit(cache=True, nogil=True, inline="always")
+def _rms_row(x, weight, eps, out, i):
+    scale = _rms_scale(x, eps, i)
     for j in range(x.shape[1]):
         out[i, j] = x[i, j] * scale * weight[j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rms_row_inplace(x, weight, eps, i):
+    scale = _rms_scale(x, eps, i)
+    for j in range(x.shape[1]):
+        x[i, j] = x[i, j] * scale * weight[j]
 
 
 @njit(cache=True, nogil=True)
@@ -53,11 +68,22 @@ def _rms_norm_parallel(x, weight, eps, out):
         _rms_row(x, weight, eps, out, i)
 
 
+@njit(cache=True, nogil=True)
+def _rms_norm_inplace_serial(x, weight, eps):
+    for i in range(x.shape[0]):
+        _rms_row_inplace(x, weight, eps, i)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rms_norm_inplace_parallel(x, weight, eps):
+    for i in prange(x.shape[0]):
+        _rms_row_inplace(x, weight, eps, i)
+
+
 def rms_norm(x, weight, eps, out):
     """ggml_compute_forward_rms_norm_f32 then mul: squares summed in double, f32 scale.
 
-    x, out (n, dim) f32 (may alias); weight (dim,) f32. Also the per-head q/k norm of
-    qwen3/gemma3, given (n * n_heads, head_dim) views.
+    x, out (n, dim) f32, apart (see above); weight (dim,) f32.
     """
     kernel = _rms_norm_parallel if len(x) >= PARALLEL_ROWS else _rms_norm_serial
     kernel(x, weight, eps, out)
@@ -66,7 +92,9 @@ def rms_norm(x, weight, eps, out):
 def rms_norm_heads(x, weight, eps):
     """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
     rows = x.reshape(-1, x.shape[-1])
-    rms_norm(rows, weight, eps, rows)
+    kernel = _rms_norm_inplace_parallel if len(rows) >= PARALLEL_ROWS else (
+        _rms_norm_inplace_serial)
+    kernel(rows, weight, eps)
 
 
 def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
