@@ -1,0 +1,82 @@
+"""The kernels' machine code has the SIMD instructions they were written for: integer dot
+products (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd / vpdpwssd with VNNI) and packed FMAs,
+not scalar loops. Numerics tests pass either way; a kernel that silently fell back to scalar
+code (a changed loop LLVM no longer vectorizes) would only show in the speed. Compiled in a
+subprocess with an empty Numba cache, since cached code cannot be inspected."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.kernels.target import CPU_FEATURES
+
+# Compiles the kernels of four types and the row ops on small inputs, then prints the
+# assembly of the functions holding their inner loops, by name.
+SCRIPT = """
+import json
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from tiny_models import random_weight
+from edgeinfer.kernels import kquants, legacy, ops
+from edgeinfer.linear import ActScratch, Linear, project
+
+rng = np.random.default_rng(0)
+for qtype in (Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K):
+    lin = Linear.from_tensor("w", qtype, random_weight(rng, (64, 512), qtype), (64, 512))
+    for n_tok in (1, 8):
+        x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+        project(x, (lin,), (np.zeros((n_tok, 64), np.float32),), ActScratch(n_tok, 512))
+g = rng.standard_normal((1, 1536)).astype(np.float32)
+ops.swiglu(g, g.copy(), np.zeros_like(g))
+ops.rms_norm(g, np.ones(1536, np.float32), 1e-6, np.zeros_like(g))
+funcs = {"legacy": legacy._chunk, "kquants": kquants._rows, "swiglu": ops._swiglu_serial}
+print(json.dumps({name: "\\n".join(f.inspect_asm().values()) for name, f in funcs.items()}))
+"""
+
+AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"}
+
+
+def compiled_asm(env_extra: dict[str, str], cache: Path) -> dict[str, str]:
+    tests = Path(__file__).parent
+    env = {**os.environ, **env_extra, "NUMBA_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def count(asm: str, mnemonic: str, register: str) -> int:
+    """Instructions `mnemonic` (a regex) with an operand in a `register` (ymm, zmm) register."""
+    return len(re.findall(rf"\b{mnemonic}\s+[^\n]*%{register}", asm))
+
+
+@pytest.mark.slow
+def test_avx2_target_emits_integer_dots_and_fma(tmp_path: Path) -> None:
+    asm = compiled_asm(AVX2_TARGET, tmp_path)
+    for kernel in ("legacy", "kquants"):  # llama.cpp's AVX2 mul_sum_us8_pairs_float
+        assert count(asm[kernel], "vpmaddubsw", "ymm") > 0, kernel
+        assert count(asm[kernel], "vpmaddwd", "ymm") > 0, kernel
+        assert count(asm[kernel], "vpdpbusd", "ymm") == 0, kernel  # no VNNI on this target
+    assert count(asm["legacy"], r"vfmadd\d+ps", "ymm") > 0  # d_w * d_x * isum + acc
+    # expf's polynomial (7 FMAs per value) vectorized: its vector body, besides the scalar
+    # fallback loop LLVM keeps for the tail
+    assert count(asm["swiglu"], r"vfmadd\d+ps", "ymm") >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not {"avx512bw", "avx512vnni"} <= CPU_FEATURES,
+                    reason="this CPU has no AVX-512 VNNI")
+def test_host_vnni_target_emits_vpdpbusd_on_zmm(tmp_path: Path) -> None:
+    asm = compiled_asm({}, tmp_path)
+    assert count(asm["legacy"], "vpdpbusd", "zmm") > 0  # two blocks per instruction
+    assert count(asm["legacy"], r"vfmadd\d+ps", "zmm") > 0
+    assert count(asm["kquants"], "vpdpwssd", "zmm") > 0  # the per-16 scales, summed in one
+    assert count(asm["kquants"], "vpmaddubsw", "zmm") > 0
