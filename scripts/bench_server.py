@@ -55,7 +55,10 @@ async def client_loop(client, url, index, n_requests, max_tokens) -> list[dict]:
     for j in range(n_requests):
         topic = TOPICS[(index + 5 * j) % len(TOPICS)]
         prompt = f"Client {index}, request {j}: write a long story about {topic}."
-        results.append(await one_request(client, url, prompt, max_tokens))
+        try:
+            results.append(await one_request(client, url, prompt, max_tokens))
+        except httpx.RemoteProtocolError:  # a kept-alive connection the server had closed
+            results.append(await one_request(client, url, prompt, max_tokens))  # (llama-server)
     return results
 
 
