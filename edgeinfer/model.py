@@ -224,11 +224,7 @@ class Transformer:
         project(bv.attn_rows, (b.attn_output,), (bv.o,), ws.scratch)  # (n, n_embd)
         if b.attn_output_bias is not None:
             ops.add_bias(bv.o, b.attn_output_bias)
-        out = bv.o
-        if b.post_attention_norm is not None:  # h is free again; see _ffn_block on aliasing
-            ops.rms_norm(bv.o, b.post_attention_norm, c.norm_eps, bv.h)
-            out = bv.h
-        ops.add_inplace(bv.x, out)
+        self._add_residual(bv, b.post_attention_norm)
 
     def _ffn_block(self, b: BlockWeights, bv: BatchViews) -> None:
         c, ws = self.config, self.ws
@@ -239,8 +235,13 @@ class Transformer:
         # 8 rows: 64 us instead of 10).
         GATED_ACTIVATIONS[c.ffn_act](bv.gate, bv.up, bv.act)  # (n, n_ff) act(gate) * up
         project(bv.act, (b.ffn_down,), (bv.o,), ws.scratch)  # (n, n_embd)
-        out = bv.o
-        if b.post_ffw_norm is not None:
-            ops.rms_norm(bv.o, b.post_ffw_norm, c.norm_eps, bv.h)
+        self._add_residual(bv, b.post_ffw_norm)
+
+    def _add_residual(self, bv: BatchViews, post_norm: np.ndarray | None) -> None:
+        """x += o, through the sub-block's post-norm (gemma3) when it has one, written into h
+        (free by now): an output apart from its input, as above."""
+        out = bv.o  # (n, n_embd)
+        if post_norm is not None:
+            ops.rms_norm(bv.o, post_norm, self.config.norm_eps, bv.h)
             out = bv.h
         ops.add_inplace(bv.x, out)
