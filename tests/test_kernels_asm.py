@@ -17,8 +17,8 @@ import pytest
 
 from edgeinfer.kernels.target import CPU_FEATURES
 
-# Compiles the kernels of four types and the row ops on small inputs, then prints the
-# assembly of the functions holding their inner loops, by name.
+# Compiles the kernels of four types and SwiGLU on small inputs, then prints the assembly
+# of the functions holding their inner loops, by name.
 SCRIPT = """
 import json
 import numpy as np
@@ -35,7 +35,6 @@ for qtype in (Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K):
         project(x, (lin,), (np.zeros((n_tok, 64), np.float32),), ActScratch(n_tok, 512))
 g = rng.standard_normal((1, 1536)).astype(np.float32)
 ops.swiglu(g, g.copy(), np.zeros_like(g))
-ops.rms_norm(g, np.ones(1536, np.float32), 1e-6, np.zeros_like(g))
 funcs = {"legacy": legacy._chunk, "kquants": kquants._rows, "swiglu": ops._swiglu_serial}
 print(json.dumps({name: "\\n".join(f.inspect_asm().values()) for name, f in funcs.items()}))
 """
