@@ -10,9 +10,10 @@ the `_1` types add sum(m_w * s_x) separately. The block loop is hand-written LLV
 (`numba.extending.intrinsic`): LLVM's auto-vectorizers were fragile on nibble formats
 (kernels.md, facts 1-6). The integer dot is chosen once from the CPU numba targets
 (DOT_PATH): `vpdpbusd` (AVX-VNNI / AVX512-VNNI) on unsigned weights (value + bias, the bias
-times the activations' block sum subtracted exactly), with AVX-512 two blocks per zmm
-register (BLOCKS_PER_STEP); else `vpmaddubsw`+`vpmaddwd` (AVX2) with llama.cpp's sign trick;
-else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on every path.
+times the activations' block sum subtracted exactly), with AVX-512 four blocks per step of
+the block loop, two vpdpbusd into the same lanes (_Tile.quad_step); else `vpmaddubsw` +
+`vpmaddwd` (AVX2) with llama.cpp's sign trick; else portable IR (NEON,
+NUMBA_CPU_NAME=generic). The integer sums are exact on every path.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
@@ -20,7 +21,8 @@ split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 Tiling: one intrinsic call computes a register tile of 2 or 3 rows (TILE_ROWS) x 8 tokens
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the 16 or 24 accumulators stay
-in registers for the whole row. Parallelism: `prange` over chunks of about ROWS_PER_CHUNK
+in registers for the whole row; at the end all of a tile's accumulators are summed across
+their lanes together (_hsums). Parallelism: `prange` over chunks of about ROWS_PER_CHUNK
 rows, whose weights stay in L1 while the tokens stream past; products under SERIAL_WORK run
 on the calling thread.
 """
@@ -113,6 +115,75 @@ def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
     return builder.or_(_nibbles(builder, blk, 8), _high_bits(builder, blk, 4))
 
 
+# ---- quad decoders: (builder, 4 block ptrs) -> (lo, hi) <64 x u8>, values + BIAS[format]:
+# lo holds values 0..15 of each block in turn, hi values 16..31 (see _Tile.quad_step)
+
+
+def _concat(builder, parts):
+    """Equal-width vectors end to end."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        pairs = zip(parts[::2], parts[1::2])
+        parts = [_shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
+    return parts[0]
+
+
+def _quad_nibbles(builder, blks, offset):
+    """A nibble block's low nibbles are its values 0..15, its high nibbles 16..31."""
+    qs = _concat(builder, [_load(builder, blk, offset, _vec(_I8, 16)) for blk in blks])
+    return builder.and_(qs, _splat(_I8, 64, 0x0F)), builder.lshr(qs, _splat(_I8, 64, 4))
+
+
+def _quad_high_bits(builder, blks, offset):
+    """The 5th bits (qh: bit j for value j) as 16 or 0 in the (lo, hi) layout."""
+    halves = []
+    for shift in (0, 16):
+        mask = _I64(0)
+        for k, blk in enumerate(blks):
+            half = builder.and_(builder.lshr(_load(builder, blk, offset, _I32), _I32(shift)),
+                                _I32(0xFFFF))
+            mask = builder.or_(mask, builder.shl(builder.zext(half, _I64), _I64(16 * k)))
+        bits = builder.bitcast(mask, _vec(_I1, 64))
+        halves.append(builder.select(bits, _splat(_I8, 64, 16), _splat(_I8, 64, 0)))
+    return halves
+
+
+def _halves(builder, a, b):
+    """Two <64 x i8> holding four 32-byte blocks end to end -> (first 16 bytes of each block,
+    last 16 bytes of each): two 128-bit lane shuffles (vshufi64x2)."""
+
+    def units(picks):
+        return [16 * u + k for u in picks for k in range(16)]
+
+    first, last = units([0, 2, 4, 6]), units([1, 3, 5, 7])
+    return _shuffle(builder, a, b, first), _shuffle(builder, a, b, last)
+
+
+def _quad_q8_0(builder, blks):
+    flip = _splat(_I8, 64, 0x80)
+    qs = [_load(builder, blk, 2, _vec(_I8, 32)) for blk in blks]
+    pairs = _concat(builder, qs[:2]), _concat(builder, qs[2:])
+    return tuple(builder.xor(h, flip) for h in _halves(builder, *pairs))
+
+
+def _quad_q4_0(builder, blks):
+    return _quad_nibbles(builder, blks, 2)
+
+
+def _quad_q4_1(builder, blks):
+    return _quad_nibbles(builder, blks, 4)
+
+
+def _quad_q5_0(builder, blks):
+    nib, hb = _quad_nibbles(builder, blks, 6), _quad_high_bits(builder, blks, 2)
+    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
+
+
+def _quad_q5_1(builder, blks):
+    nib, hb = _quad_nibbles(builder, blks, 8), _quad_high_bits(builder, blks, 4)
+    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
+
+
 # ---- the block dot product
 
 
@@ -126,6 +197,8 @@ else:
 # Blocks per step of the block loop: with AVX-512 VNNI two 32-value blocks share one zmm
 # register, which halves the int->float conversions, scale products and FMAs per block.
 BLOCKS_PER_STEP = 2 if DOT_PATH == "vnni" and {"avx512vnni", "avx512bw"} <= CPU_FEATURES else 1
+# ... and four blocks per step in the main loop (_Tile.quad_step), two vpdpbusd per lane.
+QUAD_STEPS = BLOCKS_PER_STEP == 2
 
 
 def _call(builder, name: str, ret: ir.Type, *args):
@@ -181,15 +254,36 @@ def _dot_signed(builder, a, b, a_unsigned: bool):
     return _dot_u8s8(builder, abs_a, signed_b)
 
 
-def _hsum(builder, v):
-    """Horizontal sum of <8k x float>: halves down to 8 lanes, then hsum_float_8's order."""
-    while v.type.count > 2:
-        half = v.type.count // 2
-        v = builder.fadd(
-            _shuffle(builder, v, v, list(range(half))),
-            _shuffle(builder, v, v, list(range(half, 2 * half))),
-        )
-    return builder.fadd(builder.extract_element(v, _I32(0)), builder.extract_element(v, _I32(1)))
+def _hsums(builder, vecs):
+    """Horizontal sums of equal-width <2^k x float> vectors (a tile's accumulators), each in
+    one order: lane j plus lane j + half, halves down to one lane (hsum_float_8's order on 8
+    lanes). All vectors at once: two of them, each holding segments of w partial sums, become
+    one with twice the segments of w/2 (two shuffles and one add for a whole vector of lanes,
+    where reducing each vector alone costs about three operations per halving)."""
+    lanes = vecs[0].type.count
+    zero = ir.Constant(vecs[0].type, [0.0] * lanes)
+    segs, width = 1, lanes
+    while width > 1:
+        half = width // 2
+        if len(vecs) > 1:
+            firsts = [s * width + k for s in range(segs) for k in range(half)]
+            pairs = zip(vecs[::2], vecs[1::2] if len(vecs) % 2 == 0 else vecs[1::2] + [zero])
+            vecs = [
+                builder.fadd(
+                    _shuffle(builder, a, b, firsts + [lanes + i for i in firsts]),
+                    _shuffle(builder, a, b, [i + half for i in firsts]
+                             + [lanes + i + half for i in firsts]),
+                )
+                for a, b in pairs
+            ]
+            segs *= 2
+        else:  # one vector left: halve its length
+            firsts = [s * width + k for s in range(segs) for k in range(half)]
+            v = vecs[0]
+            vecs = [builder.fadd(_shuffle(builder, v, v, firsts),
+                                 _shuffle(builder, v, v, [i + half for i in firsts]))]
+        width = half
+    return [builder.extract_element(v, _I32(k)) for v in vecs for k in range(segs)]
 
 
 def _prefetch(builder, ptr) -> None:
@@ -242,9 +336,10 @@ class _Tile:
     taken once per token and block by one more vpdpbusd against ones, and the correction
     seeded into the accumulator of the vpdpbusd itself; all exact integers."""
 
-    def __init__(self, decode, block_bytes: int, bias: int, has_min: bool, rows: int, toks: int):
-        self.decode, self.block_bytes, self.bias, self.has_min = decode, block_bytes, bias, has_min
-        self.rows, self.toks = rows, toks
+    def __init__(self, decode, quad, block_bytes: int, bias: int, has_min: bool, rows: int,
+                 toks: int):
+        self.decode, self.quad, self.block_bytes = decode, quad, block_bytes
+        self.bias, self.has_min, self.rows, self.toks = bias, has_min, rows, toks
 
     def _weights(self, builder, w_row, ahead, i, nb: int):
         """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>)."""
@@ -285,6 +380,49 @@ class _Tile:
                 isum = builder.sitofp(self._dot(builder, q, x, corr), vf)
                 acc = accs[nb][r][t]
                 total = builder.call(fma, [isum, builder.fmul(d_w, d_x), builder.load(acc)])
+                builder.store(total, acc)
+
+    def _quad_weights(self, builder, w_row, ahead, i):
+        """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
+        blks = [
+            builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), _I64(self.block_bytes))])
+            for k in range(4)
+        ]
+        for line in range(0, 4 * self.block_bytes, 64):
+            _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+        lo, hi = self.quad(builder, blks)
+        return lo, hi, _repeat_lanes(builder, [_load_f16(builder, b, 0) for b in blks], 4)
+
+    def quad_step(self, builder, w_rows, ahead, toks, i, accs):
+        """Adds blocks i..i+3 (AVX-512 VNNI). Lane group k (4 i32 lanes) of a product holds
+        block i+k: a vpdpbusd on values 0..15 of the four blocks, then one on values 16..31
+        into the same lanes, so each int->float conversion, scale product and FMA serves 128
+        products where the two-block step's served 64 (5 vector ops per row x token and 128
+        values instead of 8). The activations are regrouped to match by two 128-bit lane
+        shuffles per token."""
+        vi, vf, v64 = _vec(_I32, 16), _vec(_F32, 16), _vec(_I8, 64)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf] * 3), "llvm.fma.v16f32"
+        )
+        weights = [self._quad_weights(builder, w_row, ahead, i) for w_row in w_rows]
+        zero = ir.Constant(vi, [0] * 16)
+        for t, (xq, xd, _) in enumerate(toks):
+            x_a = _load(builder, xq, builder.mul(i, _I64(32)), v64)
+            x_b = _load(builder, xq, builder.add(builder.mul(i, _I64(32)), _I64(64)), v64)
+            x_lo, x_hi = _halves(builder, x_a, x_b)
+            d_x = _load(builder, xd, builder.mul(i, _I64(4)), _vec(_F32, 4))
+            d_x = _shuffle(builder, d_x, d_x, [k for k in range(4) for _ in range(4)])
+            corr = zero
+            if self.bias:
+                ones = _splat(_I8, 64, 1)
+                x_sum = _vpdpbusd(builder, _vpdpbusd(builder, zero, ones, x_lo), ones, x_hi)
+                corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16))
+            for r, (lo, hi, d_w) in enumerate(weights):
+                isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
+                acc = accs[r][t]
+                total = builder.call(
+                    fma, [builder.sitofp(isum, vf), builder.fmul(d_w, d_x), builder.load(acc)]
+                )
                 builder.store(total, acc)
 
     def _add_mins(self, builder, w_rows, toks, n_blocks, accs):
@@ -354,9 +492,15 @@ class _Tile:
         for nb in widths:
             zero = ir.Constant(_vec(_F32, 8 * nb), [0.0] * 8 * nb)
             accs[nb] = [[cgutils.alloca_once_value(builder, zero) for _ in toks] for _ in w_rows]
-        step = _I64(BLOCKS_PER_STEP)
-        with cgutils.for_range(builder, builder.udiv(n_blocks, step)) as loop:
-            i = builder.mul(loop.index, step)
+        step, done = _I64(BLOCKS_PER_STEP), _I64(0)
+        if QUAD_STEPS:
+            done = builder.mul(builder.udiv(n_blocks, _I64(4)), _I64(4))
+            with cgutils.for_range(builder, builder.udiv(n_blocks, _I64(4))) as loop:
+                i = builder.mul(loop.index, _I64(4))
+                self.quad_step(builder, w_rows, ahead, toks, i, accs[2])
+        left = builder.sub(n_blocks, done)
+        with cgutils.for_range(builder, builder.udiv(left, step)) as loop:
+            i = builder.add(done, builder.mul(loop.index, step))
             self.step(builder, w_rows, ahead, toks, i, BLOCKS_PER_STEP, accs)
         if BLOCKS_PER_STEP == 2:  # an odd block count leaves one block
             with builder.if_then(
@@ -365,16 +509,22 @@ class _Tile:
                 self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
         if self.has_min:
             self._add_mins(builder, w_rows, toks, n_blocks, accs[BLOCKS_PER_STEP])
+        totals = []
         for r in range(self.rows):
-            for t, tok in enumerate(toks):
-                total = _F32(0.0)
-                for nb in widths:
-                    total = builder.fadd(total, _hsum(builder, builder.load(accs[nb][r][t])))
-                ptr = builder.gep(
-                    out.row(builder.add(t0, _I64(t))),
-                    [builder.mul(builder.add(r0, _I64(r)), _I64(4))],
-                )
-                builder.store(total, builder.bitcast(ptr, _F32.as_pointer()))
+            for t in range(self.toks):
+                total = builder.load(accs[widths[-1]][r][t])
+                if len(widths) == 2:  # the odd block's 8 lanes into the first 8
+                    odd = builder.load(accs[1][r][t])
+                    zeros = ir.Constant(odd.type, [0.0] * 8)
+                    total = builder.fadd(total, _shuffle(builder, odd, zeros, list(range(16))))
+                totals.append(total)
+        for k, total in enumerate(_hsums(builder, totals)[: self.rows * self.toks]):
+            r, t = divmod(k, self.toks)
+            ptr = builder.gep(
+                out.row(builder.add(t0, _I64(t))),
+                [builder.mul(builder.add(r0, _I64(r)), _I64(4))],
+            )
+            builder.store(total, builder.bitcast(ptr, _F32.as_pointer()))
         return context.get_dummy_value()
 
 
@@ -392,14 +542,14 @@ def _literal_int(ty) -> int:
 # row a tile will read is in flight a tile or two earlier, whatever the row width.
 PREFETCH_ROWS = 4
 
-# format code -> (decoder, block bytes, bias added by the decoder, has a minimum: the `_1`
-# formats, on Q8_1 activations)
+# format code -> (decoder, quad decoder, block bytes, bias added by the decoders, has a
+# minimum: the `_1` formats, on Q8_1 activations)
 _FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, 34, 128, False),
-    int(T.Q4_0): (_decode_q4_0, 18, 8, False),
-    int(T.Q4_1): (_decode_q4_1, 20, 0, True),
-    int(T.Q5_0): (_decode_q5_0, 22, 16, False),
-    int(T.Q5_1): (_decode_q5_1, 24, 0, True),
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, 34, 128, False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, 18, 8, False),
+    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, 20, 0, True),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, 22, 16, False),
+    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, 24, 0, True),
 }
 
 
