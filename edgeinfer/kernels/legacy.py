@@ -208,6 +208,11 @@ def _call(builder, name: str, ret: ir.Type, *args):
     return builder.call(fn, args)
 
 
+def _fma(builder, a, b, c):
+    """a * b + c, lane-wise, one rounding."""
+    return _call(builder, f"llvm.fma.v{a.type.count}f32", a.type, a, b, c)
+
+
 def _dot_generic(builder, a, b):
     """Portable: sext to i16, even/odd products widened to i32 and added -> <8 x i32>."""
     a16 = builder.sext(a, _vec(_I16, 32))
@@ -341,12 +346,21 @@ class _Tile:
         self.decode, self.quad, self.block_bytes = decode, quad, block_bytes
         self.bias, self.has_min, self.rows, self.toks = bias, has_min, rows, toks
 
+    def _blocks(self, builder, w_row, i, n: int):
+        """Pointers to blocks i .. i+n-1 of a weight row."""
+        size = _I64(self.block_bytes)
+        return [builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), size)]) for k in range(n)]
+
+    @staticmethod
+    def _scale_add(builder, acc, isum, d_w, d_x):
+        """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator."""
+        value = builder.sitofp(isum, d_w.type)
+        total = _fma(builder, value, builder.fmul(d_w, d_x), builder.load(acc))
+        builder.store(total, acc)
+
     def _weights(self, builder, w_row, ahead, i, nb: int):
         """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>)."""
-        blks = [
-            builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), _I64(self.block_bytes))])
-            for k in range(nb)
-        ]
+        blks = self._blocks(builder, w_row, i, nb)
         _prefetch(builder, builder.gep(blks[0], [ahead]))
         q = self.decode(builder, blks[0])
         if nb == 2:
@@ -363,10 +377,7 @@ class _Tile:
 
     def step(self, builder, w_rows, ahead, toks, i, nb: int, accs):
         """Adds blocks i .. i+nb-1 of every (row, token) pair into its accumulators."""
-        vi, vf = _vec(_I32, 8 * nb), _vec(_F32, 8 * nb)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vf, [vf] * 3), f"llvm.fma.v{8 * nb}f32"
-        )
+        vi = _vec(_I32, 8 * nb)
         weights = [self._weights(builder, w_row, ahead, i, nb) for w_row in w_rows]
         for t, (xq, xd, xs) in enumerate(toks):
             x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32 * nb))
@@ -377,17 +388,12 @@ class _Tile:
                 x_sum = _vpdpbusd(builder, corr, _splat(_I8, 32 * nb, 1), x)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
             for r, (q, d_w) in enumerate(weights):
-                isum = builder.sitofp(self._dot(builder, q, x, corr), vf)
-                acc = accs[nb][r][t]
-                total = builder.call(fma, [isum, builder.fmul(d_w, d_x), builder.load(acc)])
-                builder.store(total, acc)
+                isum = self._dot(builder, q, x, corr)
+                self._scale_add(builder, accs[nb][r][t], isum, d_w, d_x)
 
     def _quad_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
-        blks = [
-            builder.gep(w_row, [builder.mul(builder.add(i, _I64(k)), _I64(self.block_bytes))])
-            for k in range(4)
-        ]
+        blks = self._blocks(builder, w_row, i, 4)
         for line in range(0, 4 * self.block_bytes, 64):
             _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
         lo, hi = self.quad(builder, blks)
@@ -400,10 +406,7 @@ class _Tile:
         products where the two-block step's served 64 (5 vector ops per row x token and 128
         values instead of 8). The activations are regrouped to match by two 128-bit lane
         shuffles per token."""
-        vi, vf, v64 = _vec(_I32, 16), _vec(_F32, 16), _vec(_I8, 64)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vf, [vf] * 3), "llvm.fma.v16f32"
-        )
+        vi, v64 = _vec(_I32, 16), _vec(_I8, 64)
         weights = [self._quad_weights(builder, w_row, ahead, i) for w_row in w_rows]
         zero = ir.Constant(vi, [0] * 16)
         for t, (xq, xd, _) in enumerate(toks):
@@ -419,11 +422,7 @@ class _Tile:
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16))
             for r, (lo, hi, d_w) in enumerate(weights):
                 isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
-                acc = accs[r][t]
-                total = builder.call(
-                    fma, [builder.sitofp(isum, vf), builder.fmul(d_w, d_x), builder.load(acc)]
-                )
-                builder.store(total, acc)
+                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
     def _add_mins(self, builder, w_rows, toks, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
@@ -436,9 +435,6 @@ class _Tile:
         logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
         vf, vi = _vec(_F32, lanes), _vec(_I64, lanes)
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vf, [vf] * 3), f"llvm.fma.v{lanes}f32"
-        )
         ptrs, words = _vec(_I32.as_pointer(), lanes), _vec(_I32, lanes)
         gather = cgutils.get_or_insert_function(
             builder.module,
@@ -472,7 +468,7 @@ class _Tile:
                                           zero_f])
                 for r, m_w in enumerate(mins):
                     acc = accs[r][t]
-                    builder.store(builder.call(fma, [m_w, s_x, builder.load(acc)]), acc)
+                    builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
