@@ -270,8 +270,8 @@ def _hsums(builder, vecs):
     segs, width = 1, lanes
     while width > 1:
         half = width // 2
+        firsts = [s * width + k for s in range(segs) for k in range(half)]
         if len(vecs) > 1:
-            firsts = [s * width + k for s in range(segs) for k in range(half)]
             pairs = zip(vecs[::2], vecs[1::2] if len(vecs) % 2 == 0 else vecs[1::2] + [zero])
             vecs = [
                 builder.fadd(
@@ -283,7 +283,6 @@ def _hsums(builder, vecs):
             ]
             segs *= 2
         else:  # one vector left: halve its length
-            firsts = [s * width + k for s in range(segs) for k in range(half)]
             v = vecs[0]
             vecs = [builder.fadd(_shuffle(builder, v, v, firsts),
                                  _shuffle(builder, v, v, [i + half for i in firsts]))]
