@@ -22,8 +22,10 @@ from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers 
 from edgeinfer.kernels.registry import QUANT_FORMATS
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
-SHAPES = [(1, 32), (2, 32), (7, 96), (16, 576), (33, 1536), (40, 64)]  # (n_out, n_in): tiles,
-# chunks (16-18 rows: 40 makes a short chunk and a last tile moved back) and odd counts
+# (n_out, n_in): tiles, chunks (16-18 rows: 40 makes a short chunk and a last tile moved
+# back), odd counts, and with AVX-512 VNNI the block loop's steps: 8-block groups with 2
+# blocks (576) or 4 + 0 (384) left, or none (1536), and rows too short for a group
+SHAPES = [(1, 32), (2, 32), (7, 96), (16, 576), (5, 384), (33, 1536), (40, 64)]
 N_TOK = [1, 3, 17, 64]
 # loose bound on ||out - W x|| / ||W x||: activation rounding only (weights are exact here)
 LOOSE = {"f32": 1e-6, "f16": 2e-3, "bf16": 1e-2, "q8_0": 2e-2, "q8_1": 2e-2}
@@ -64,7 +66,8 @@ def seen_activations(qtype: T, xq, xd, xf) -> np.ndarray:
     """The activations as the kernel sees them, in float64."""
     if QUANT_FORMATS[qtype].act.name.startswith("q8"):
         n_tok, n_in = xq.shape
-        blocks = xq.reshape(n_tok, -1, 32).astype(np.float64) * xd[..., None]
+        blocks = actquant.natural_order(xq).reshape(n_tok, -1, 32).astype(np.float64)
+        blocks = blocks * xd[..., None]
         return blocks.reshape(n_tok, n_in)
     return xf.astype(np.float64)
 
@@ -213,7 +216,30 @@ def quantize_act(fmt, x):
         np.zeros((n_tok, n_in), np.float32),
     )
     fmt.quantize(x, *bufs)
-    return bufs
+    return (actquant.natural_order(bufs[0]), *bufs[1:])
+
+
+@pytest.mark.skipif(not actquant.GROUP, reason="natural order on this CPU target")
+@pytest.mark.parametrize("n_in", [256, 608, 2048])
+def test_q8_grouped_layout(n_in: int) -> None:
+    """Whole groups of 8 blocks are stored as the 8-block step's registers: byte 64k + 4l + i
+    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8; the rest of the
+    row stays in natural order."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    grouped = np.zeros((2, n_in), np.int8)
+    xd = np.zeros((2, n_in // 32), np.float32)
+    actquant.Q8_0_ACT.quantize(x, grouped, xd, xd.copy(), np.zeros_like(x))
+    blocks = x.reshape(2, -1, 32)
+    inv = np.float32(127) / np.abs(blocks).max(-1)
+    natural = np.rint(blocks * inv[..., None]).reshape(2, -1)  # llama.cpp's x86 rounding
+    for g in range(n_in // 256):
+        for k, lane, i in np.ndindex(4, 16, 4):
+            block = 8 * g + lane % 8
+            value = 32 * block + 4 * actquant.GROUP_DWORDS[k][lane // 8] + i
+            assert grouped[1, 256 * g + 64 * k + 4 * lane + i] == natural[1, value]
+    tail = n_in // 256 * 256
+    np.testing.assert_array_equal(grouped[:, tail:], natural[:, tail:])
 
 
 @pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)

@@ -30,8 +30,22 @@ from numba.extending import intrinsic
 
 from edgeinfer.kernels.f16 import round_f16
 from edgeinfer.kernels.registry import ActFormat
+from edgeinfer.kernels.target import AVX512_VNNI
 
 QK8 = 32  # values per Q8_0 / Q8_1 block
+
+# Grouped layout of xq (AVX-512 VNNI hosts): each run of GROUP = 8 whole blocks is stored as
+# the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it loads
+# them as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8]
+# (values 4m..4m+3) of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles
+# give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). Blocks past
+# the last whole group keep the natural order. `natural_order` undoes it.
+GROUP = 8 if AVX512_VNNI else 0
+GROUP_DWORDS = ((0, 2), (1, 3), (4, 6), (5, 7))
+# source dword (8 * block + value dword) of each of a group's 64 dwords
+_GROUP_SOURCE = [
+    8 * (lane % 8) + GROUP_DWORDS[k][lane // 8] for k in range(4) for lane in range(16)
+]
 
 
 @intrinsic
@@ -126,6 +140,48 @@ def _block_quantize(typingctx, x, xq, i0, inv):
     return types.int32(x, xq, i0, inv), codegen
 
 
+@intrinsic
+def _regroup(typingctx, xq, i0):
+    """xq[i0:i0+256] (8 quantized blocks) into the grouped order, in place."""
+    if not _is_row(xq, types.int8) or not isinstance(i0, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v64 = ir.VectorType(ir.IntType(32), 64)
+        ptr = builder.bitcast(
+            _block_ptr(context, builder, signature.args[0], args[0], args[1], ir.IntType(8), 1),
+            v64.as_pointer(),
+        )
+        dwords = builder.load(ptr, align=1)
+        order = ir.Constant(ir.VectorType(ir.IntType(32), 64), _GROUP_SOURCE)
+        builder.store(builder.shuffle_vector(dwords, dwords, order), ptr, align=1)
+        return context.get_dummy_value()
+
+    return types.none(xq, i0), codegen
+
+
+def natural_order(xq: np.ndarray) -> np.ndarray:
+    """A copy of (n_tok, n_in) quantized activations in natural value order."""
+    if not GROUP:
+        return xq.copy()
+    n_tok, n_in = xq.shape
+    n_grouped = n_in // (GROUP * QK8) * GROUP * QK8
+    out = xq.copy()
+    grouped = xq[:, :n_grouped].view(np.int32).reshape(n_tok, -1, 64)
+    natural = np.empty_like(grouped)
+    natural[:, :, _GROUP_SOURCE] = grouped
+    out[:, :n_grouped] = natural.reshape(n_tok, -1).view(np.int8)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _group_blocks(xq) -> None:
+    """Every whole group of a quantized row into the grouped order (see GROUP)."""
+    if GROUP:
+        for i0 in range(0, xq.shape[0] - GROUP * QK8 + 1, GROUP * QK8):
+            _regroup(xq, i0)
+
+
 @njit(cache=True, nogil=True)
 def _quantize_block_q8(x, i0, xq):
     """Quantize x[i0:i0+32] into xq; returns (d unrounded f32, sum of the quants)."""
@@ -170,6 +226,7 @@ def quantize_q8_0(x, xq, xd, xs, xf) -> None:
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
+        _group_blocks(xq[t])
 
 
 @njit(cache=True, nogil=True)
@@ -181,6 +238,7 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
             d, qsum = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
             xs[t, b] = round_f16(d * np.float32(qsum))
+        _group_blocks(xq[t])
 
 
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)

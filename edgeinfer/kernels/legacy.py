@@ -10,10 +10,12 @@ the `_1` types add sum(m_w * s_x) separately. The block loop is hand-written LLV
 (`numba.extending.intrinsic`): LLVM's auto-vectorizers were fragile on nibble formats
 (kernels.md, facts 1-6). The integer dot is chosen once from the CPU numba targets
 (DOT_PATH): `vpdpbusd` (AVX-VNNI / AVX512-VNNI) on unsigned weights (value + bias, the bias
-times the activations' block sum subtracted exactly), with AVX-512 four blocks per step of
-the block loop, two vpdpbusd into the same lanes (_Tile.quad_step); else `vpmaddubsw` +
+times the activations' block sum subtracted exactly), with AVX-512 eight blocks per step of
+the block loop, four vpdpbusd into the same lanes, on activations the quantizer stored in
+that step's register order (_Tile.oct_step, actquant.GROUP); else `vpmaddubsw` +
 `vpmaddwd` (AVX2) with llama.cpp's sign trick; else portable IR (NEON,
-NUMBA_CPU_NAME=generic). The integer sums are exact on every path.
+NUMBA_CPU_NAME=generic). The integer sums are exact on every path. The weight blocks are
+decoded by legacy_blocks.py.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
@@ -41,147 +43,28 @@ from edgeinfer.kernels.actquant import (
     BF16_ACT,
     F16_ACT,
     F32_ACT,
+    GROUP,
     Q8_0_ACT,
     Q8_1_ACT,
 )
 from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.legacy_blocks import (
+    BLOCK_FORMATS,
+    halves,
+    load,
+    load_f16,
+    oct_scales,
+    shuffle,
+    splat,
+    splat_value,
+    vec,
+)
 from edgeinfer.kernels.registry import register
-from edgeinfer.kernels.target import CPU_FEATURES
+from edgeinfer.kernels.target import AVX512_VNNI, CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32 = ir.FloatType()
 _V8F = ir.VectorType(_F32, 8)
-
-
-def _vec(elem: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(elem, n)
-
-
-def _splat(elem: ir.Type, n: int, value) -> ir.Constant:
-    return ir.Constant(_vec(elem, n), [value] * n)
-
-
-def _shuffle(builder, a, b, idx: list[int]):
-    return builder.shuffle_vector(a, b, ir.Constant(_vec(_I32, len(idx)), idx))
-
-
-def _load(builder, base, offset, ty: ir.Type):
-    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
-    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
-    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
-    return builder.load(ptr, align=1)
-
-
-def _load_f16(builder, base, offset):
-    return half_to_f32(builder, _load(builder, base, offset, _I16))
-
-
-# ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
-# (unsigned, so that VNNI's u8 x s8 product needs no sign trick), element j = value j
-
-
-def _nibbles(builder, base, offset):
-    """16 bytes -> <32 x i8>: low nibbles are values 0..15, high nibbles values 16..31."""
-    qs = _load(builder, base, offset, _vec(_I8, 16))
-    lo = builder.and_(qs, _splat(_I8, 16, 0x0F))
-    hi = builder.lshr(qs, _splat(_I8, 16, 4))
-    return _shuffle(builder, lo, hi, list(range(32)))
-
-
-def _high_bits(builder, base, offset):
-    """uint32 qh -> <32 x i8> holding 16 where bit j of qh is set (the 5th bit of value j)."""
-    qh = _load(builder, base, offset, _I32)
-    bits = builder.bitcast(qh, _vec(_I1, 32))  # element j = bit j (little-endian)
-    return builder.select(bits, _splat(_I8, 32, 16), _splat(_I8, 32, 0))
-
-
-def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]; u = q + 128 (flip the sign bit)
-    return builder.xor(_load(builder, blk, 2, _vec(_I8, 32)), _splat(_I8, 32, 0x80))
-
-
-def _decode_q4_0(builder, blk):  # d f16 | qs u8[16]; value = nibble - 8
-    return _nibbles(builder, blk, 2)
-
-
-def _decode_q4_1(builder, blk):  # d f16 | m f16 | qs u8[16]; value = d * nibble + m
-    return _nibbles(builder, blk, 4)
-
-
-def _decode_q5_0(builder, blk):  # d f16 | qh u32 | qs u8[16]; value = (nibble | hbit<<4) - 16
-    return builder.or_(_nibbles(builder, blk, 6), _high_bits(builder, blk, 2))
-
-
-def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
-    return builder.or_(_nibbles(builder, blk, 8), _high_bits(builder, blk, 4))
-
-
-# ---- quad decoders: (builder, 4 block ptrs) -> (lo, hi) <64 x u8>, values + BIAS[format]:
-# lo holds values 0..15 of each block in turn, hi values 16..31 (see _Tile.quad_step)
-
-
-def _concat(builder, parts):
-    """Equal-width vectors end to end."""
-    while len(parts) > 1:
-        n = parts[0].type.count
-        pairs = zip(parts[::2], parts[1::2])
-        parts = [_shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
-    return parts[0]
-
-
-def _quad_nibbles(builder, blks, offset):
-    """A nibble block's low nibbles are its values 0..15, its high nibbles 16..31."""
-    qs = _concat(builder, [_load(builder, blk, offset, _vec(_I8, 16)) for blk in blks])
-    return builder.and_(qs, _splat(_I8, 64, 0x0F)), builder.lshr(qs, _splat(_I8, 64, 4))
-
-
-def _quad_high_bits(builder, blks, offset):
-    """The 5th bits (qh: bit j for value j) as 16 or 0 in the (lo, hi) layout."""
-    halves = []
-    for shift in (0, 16):
-        mask = _I64(0)
-        for k, blk in enumerate(blks):
-            half = builder.and_(builder.lshr(_load(builder, blk, offset, _I32), _I32(shift)),
-                                _I32(0xFFFF))
-            mask = builder.or_(mask, builder.shl(builder.zext(half, _I64), _I64(16 * k)))
-        bits = builder.bitcast(mask, _vec(_I1, 64))
-        halves.append(builder.select(bits, _splat(_I8, 64, 16), _splat(_I8, 64, 0)))
-    return halves
-
-
-def _halves(builder, a, b):
-    """Two <64 x i8> holding four 32-byte blocks end to end -> (first 16 bytes of each block,
-    last 16 bytes of each): two 128-bit lane shuffles (vshufi64x2)."""
-
-    def units(picks):
-        return [16 * u + k for u in picks for k in range(16)]
-
-    first, last = units([0, 2, 4, 6]), units([1, 3, 5, 7])
-    return _shuffle(builder, a, b, first), _shuffle(builder, a, b, last)
-
-
-def _quad_q8_0(builder, blks):
-    flip = _splat(_I8, 64, 0x80)
-    qs = [_load(builder, blk, 2, _vec(_I8, 32)) for blk in blks]
-    pairs = _concat(builder, qs[:2]), _concat(builder, qs[2:])
-    return tuple(builder.xor(h, flip) for h in _halves(builder, *pairs))
-
-
-def _quad_q4_0(builder, blks):
-    return _quad_nibbles(builder, blks, 2)
-
-
-def _quad_q4_1(builder, blks):
-    return _quad_nibbles(builder, blks, 4)
-
-
-def _quad_q5_0(builder, blks):
-    nib, hb = _quad_nibbles(builder, blks, 6), _quad_high_bits(builder, blks, 2)
-    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
-
-
-def _quad_q5_1(builder, blks):
-    nib, hb = _quad_nibbles(builder, blks, 8), _quad_high_bits(builder, blks, 4)
-    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
 
 
 # ---- the block dot product
@@ -194,11 +77,14 @@ elif "avx2" in CPU_FEATURES:
 else:
     DOT_PATH = "generic"  # portable IR; LLVM picks widening multiplies (NEON smull/sdot...)
 
-# Blocks per step of the block loop: with AVX-512 VNNI two 32-value blocks share one zmm
-# register, which halves the int->float conversions, scale products and FMAs per block.
-BLOCKS_PER_STEP = 2 if DOT_PATH == "vnni" and {"avx512vnni", "avx512bw"} <= CPU_FEATURES else 1
-# ... and four blocks per step in the main loop (_Tile.quad_step), two vpdpbusd per lane.
+# Blocks per step of the block loop. With AVX-512 VNNI the main loop takes 8 blocks per
+# step from the grouped activations (_Tile.oct_step, four vpdpbusd per i32 lane); the blocks
+# past the last whole group 4 (_Tile.quad_step, two per lane), then 2 at a time (two blocks
+# share a zmm register, which halves the int->float conversions, scale products and FMAs
+# per block), then the odd one. Elsewhere one block per step.
+BLOCKS_PER_STEP = 2 if AVX512_VNNI else 1
 QUAD_STEPS = BLOCKS_PER_STEP == 2
+OCT_STEPS = QUAD_STEPS and GROUP == 8  # actquant groups the activations on the same flag
 
 
 def _call(builder, name: str, ret: ir.Type, *args):
@@ -215,25 +101,25 @@ def _fma(builder, a, b, c):
 
 def _dot_generic(builder, a, b):
     """Portable: sext to i16, even/odd products widened to i32 and added -> <8 x i32>."""
-    a16 = builder.sext(a, _vec(_I16, 32))
-    b16 = builder.sext(b, _vec(_I16, 32))
+    a16 = builder.sext(a, vec(_I16, 32))
+    b16 = builder.sext(b, vec(_I16, 32))
     even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
 
     def widened(v, idx):
-        return builder.sext(_shuffle(builder, v, v, idx), _vec(_I32, 16))
+        return builder.sext(shuffle(builder, v, v, idx), vec(_I32, 16))
 
     prod_e = builder.mul(widened(a16, even), widened(b16, even))
     prod_o = builder.mul(widened(a16, odd), widened(b16, odd))
     pairs = builder.add(prod_e, prod_o)  # <16 x i32>
-    lo = _shuffle(builder, pairs, pairs, list(range(8)))
-    hi = _shuffle(builder, pairs, pairs, list(range(8, 16)))
+    lo = shuffle(builder, pairs, pairs, list(range(8)))
+    hi = shuffle(builder, pairs, pairs, list(range(8, 16)))
     return builder.add(lo, hi)
 
 
 def _vpdpbusd(builder, acc, u, s):
     """acc + sums of 4 adjacent u8*s8 products, exact in i32 (no saturation): 8 or 16 lanes."""
     n = acc.type.count
-    vi = _vec(_I32, n)
+    vi = vec(_I32, n)
     name = "llvm.x86.avx512.vpdpbusd.512" if n == 16 else "llvm.x86.avx512.vpdpbusd.256"
     return _call(builder, name, vi, acc, builder.bitcast(u, vi), builder.bitcast(s, vi))
 
@@ -241,9 +127,9 @@ def _vpdpbusd(builder, acc, u, s):
 def _dot_u8s8(builder, u, s):
     """dot of unsigned bytes u with signed bytes s. u <= 128 and |s| <= 127 here, so the i16
     pair sums of vpmaddubsw (<= 32512) cannot saturate."""
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(_I16, 16), u, s)
-    ones = ir.Constant(_vec(_I16, 16), [1] * 16)
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(_I32, 8), pairs, ones)
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), u, s)
+    ones = ir.Constant(vec(_I16, 16), [1] * 16)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", vec(_I32, 8), pairs, ones)
 
 
 def _dot_signed(builder, a, b, a_unsigned: bool):
@@ -275,8 +161,8 @@ def _hsums(builder, vecs):
             pairs = zip(vecs[::2], vecs[1::2] if len(vecs) % 2 == 0 else vecs[1::2] + [zero])
             vecs = [
                 builder.fadd(
-                    _shuffle(builder, a, b, firsts + [lanes + i for i in firsts]),
-                    _shuffle(builder, a, b, [i + half for i in firsts]
+                    shuffle(builder, a, b, firsts + [lanes + i for i in firsts]),
+                    shuffle(builder, a, b, [i + half for i in firsts]
                              + [lanes + i + half for i in firsts]),
                 )
                 for a, b in pairs
@@ -284,10 +170,17 @@ def _hsums(builder, vecs):
             segs *= 2
         else:  # one vector left: halve its length
             v = vecs[0]
-            vecs = [builder.fadd(_shuffle(builder, v, v, firsts),
-                                 _shuffle(builder, v, v, [i + half for i in firsts]))]
+            vecs = [builder.fadd(shuffle(builder, v, v, firsts),
+                                 shuffle(builder, v, v, [i + half for i in firsts]))]
         width = half
     return [builder.extract_element(v, _I32(k)) for v in vecs for k in range(segs)]
+
+
+def _opaque(builder, value, constraint="=r,0"):
+    """value, unknown to LLVM's optimizer (an empty inline asm), e.g. so that loads at
+    addresses made from it are not merged with the same loads elsewhere."""
+    asm = ir.InlineAsm(ir.FunctionType(value.type, [value.type]), "", constraint)
+    return builder.call(asm, [value])
 
 
 def _prefetch(builder, ptr) -> None:
@@ -316,18 +209,12 @@ class _Array2D:
         return self.builder.gep(self.base, [self.builder.mul(i, self.stride)])
 
 
-def _splat_value(builder, value, n: int):
-    """A runtime scalar in all n lanes."""
-    v = builder.insert_element(ir.Constant(_vec(value.type, n), None), value, _I32(0))
-    return _shuffle(builder, v, v, [0] * n)
-
-
 def _repeat_lanes(builder, values, n: int):
     """[v0 x n, v1 x n, ...] from scalar f32 values."""
-    v = ir.Constant(_vec(_F32, len(values)), None)
+    v = ir.Constant(vec(_F32, len(values)), None)
     for k, value in enumerate(values):
         v = builder.insert_element(v, value, _I32(k))
-    return _shuffle(builder, v, v, [k for k in range(len(values)) for _ in range(n)])
+    return shuffle(builder, v, v, [k for k in range(len(values)) for _ in range(n)])
 
 
 class _Tile:
@@ -340,9 +227,9 @@ class _Tile:
     taken once per token and block by one more vpdpbusd against ones, and the correction
     seeded into the accumulator of the vpdpbusd itself; all exact integers."""
 
-    def __init__(self, decode, quad, block_bytes: int, bias: int, has_min: bool, rows: int,
-                 toks: int):
-        self.decode, self.quad, self.block_bytes = decode, quad, block_bytes
+    def __init__(self, decode, quad, oct_, block_bytes: int, bias: int, has_min: bool,
+                 rows: int, toks: int):
+        self.decode, self.quad, self.oct, self.block_bytes = decode, quad, oct_, block_bytes
         self.bias, self.has_min, self.rows, self.toks = bias, has_min, rows, toks
 
     def _blocks(self, builder, w_row, i, n: int):
@@ -363,10 +250,10 @@ class _Tile:
         _prefetch(builder, builder.gep(blks[0], [ahead]))
         q = self.decode(builder, blks[0])
         if nb == 2:
-            q = _shuffle(builder, q, self.decode(builder, blks[1]), list(range(64)))
+            q = shuffle(builder, q, self.decode(builder, blks[1]), list(range(64)))
         if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
-            q = builder.sub(q, _splat(_I8, 32 * nb, self.bias))
-        d = _repeat_lanes(builder, [_load_f16(builder, b, 0) for b in blks], 8)
+            q = builder.sub(q, splat(_I8, 32 * nb, self.bias))
+        d = _repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 8)
         return q, d
 
     def _dot(self, builder, q, x, corr):
@@ -376,15 +263,15 @@ class _Tile:
 
     def step(self, builder, w_rows, ahead, toks, i, nb: int, accs):
         """Adds blocks i .. i+nb-1 of every (row, token) pair into its accumulators."""
-        vi = _vec(_I32, 8 * nb)
+        vi = vec(_I32, 8 * nb)
         weights = [self._weights(builder, w_row, ahead, i, nb) for w_row in w_rows]
         for t, (xq, xd, xs) in enumerate(toks):
-            x = _load(builder, xq, builder.mul(i, _I64(32)), _vec(_I8, 32 * nb))
-            d_x = _load(builder, xd, builder.mul(i, _I64(4)), _vec(_F32, nb))
-            d_x = _shuffle(builder, d_x, d_x, [k for k in range(nb) for _ in range(8)])
+            x = load(builder, xq, builder.mul(i, _I64(32)), vec(_I8, 32 * nb))
+            d_x = load(builder, xd, builder.mul(i, _I64(4)), vec(_F32, nb))
+            d_x = shuffle(builder, d_x, d_x, [k for k in range(nb) for _ in range(8)])
             corr = ir.Constant(vi, [0] * 8 * nb)
             if DOT_PATH == "vnni" and self.bias:
-                x_sum = _vpdpbusd(builder, corr, _splat(_I8, 32 * nb, 1), x)
+                x_sum = _vpdpbusd(builder, corr, splat(_I8, 32 * nb, 1), x)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
             for r, (q, d_w) in enumerate(weights):
                 isum = self._dot(builder, q, x, corr)
@@ -396,7 +283,7 @@ class _Tile:
         for line in range(0, 4 * self.block_bytes, 64):
             _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
         lo, hi = self.quad(builder, blks)
-        return lo, hi, _repeat_lanes(builder, [_load_f16(builder, b, 0) for b in blks], 4)
+        return lo, hi, _repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 4)
 
     def quad_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+3 (AVX-512 VNNI). Lane group k (4 i32 lanes) of a product holds
@@ -405,22 +292,64 @@ class _Tile:
         products where the two-block step's served 64 (5 vector ops per row x token and 128
         values instead of 8). The activations are regrouped to match by two 128-bit lane
         shuffles per token."""
-        vi, v64 = _vec(_I32, 16), _vec(_I8, 64)
+        vi, v64 = vec(_I32, 16), vec(_I8, 64)
         weights = [self._quad_weights(builder, w_row, ahead, i) for w_row in w_rows]
         zero = ir.Constant(vi, [0] * 16)
         for t, (xq, xd, _) in enumerate(toks):
-            x_a = _load(builder, xq, builder.mul(i, _I64(32)), v64)
-            x_b = _load(builder, xq, builder.add(builder.mul(i, _I64(32)), _I64(64)), v64)
-            x_lo, x_hi = _halves(builder, x_a, x_b)
-            d_x = _load(builder, xd, builder.mul(i, _I64(4)), _vec(_F32, 4))
-            d_x = _shuffle(builder, d_x, d_x, [k for k in range(4) for _ in range(4)])
+            x_a = load(builder, xq, builder.mul(i, _I64(32)), v64)
+            x_b = load(builder, xq, builder.add(builder.mul(i, _I64(32)), _I64(64)), v64)
+            x_lo, x_hi = halves(builder, x_a, x_b)
+            d_x = load(builder, xd, builder.mul(i, _I64(4)), vec(_F32, 4))
+            d_x = shuffle(builder, d_x, d_x, [k for k in range(4) for _ in range(4)])
             corr = zero
             if self.bias:
-                ones = _splat(_I8, 64, 1)
+                ones = splat(_I8, 64, 1)
                 x_sum = _vpdpbusd(builder, _vpdpbusd(builder, zero, ones, x_lo), ones, x_hi)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16))
             for r, (lo, hi, d_w) in enumerate(weights):
                 isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
+                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+
+    def oct_step(self, builder, w_rows, ahead, toks, i, accs):
+        """Adds blocks i..i+7 (AVX-512 VNNI, grouped activations). Block b's 32 products sum
+        into i32 lanes b and b + 8 by four vpdpbusd, so each conversion, scale product and
+        FMA serves 256 products (7 vector ops per row x token and 256 values; the four-block
+        step needs 10). The activations need no shuffles: the quantizer stored them in this
+        order. Rows outer, tokens inner, so only one row's weights are live besides the 24
+        accumulators; the activations are memory operands."""
+        vi, v64 = vec(_I32, 16), vec(_I8, 64)
+
+        def x_regs(xq, x_at):
+            return [load(builder, xq, builder.add(x_at, _I64(64 * k)), v64) for k in range(4)]
+
+        zero = ir.Constant(vi, [0] * 16)
+        corrs = [zero] * len(toks)
+        if self.bias:
+            ones, corrs = splat(_I8, 64, 1), []
+            for xq, _, _ in toks:
+                x_sum = zero
+                for x in x_regs(xq, builder.mul(i, _I64(32))):
+                    x_sum = _vpdpbusd(builder, x_sum, ones, x)
+                corrs.append(builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16)))
+        for r, w_row in enumerate(w_rows):
+            blks = self._blocks(builder, w_row, i, 8)
+            for line in range(0, 8 * self.block_bytes, 64):
+                _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+            regs = self.oct(builder, blks)
+            # opaque: else LLVM multiplies d_w by d_x in 8 lanes and then copies the product
+            # into the upper 8 (a port-5 shuffle per row and token)
+            d_w = _opaque(builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
+            # each row loads the activations again, as memory operands of vpdpbusd (shared
+            # across rows they would be 32 registers, and spill): at offsets LLVM cannot see
+            # are the same in every row
+            at = _opaque(builder, i)
+            x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
+            for t, (xq, xd, _) in enumerate(toks):
+                isum = corrs[t]
+                for w, x in zip(regs, x_regs(xq, x_at)):
+                    isum = _vpdpbusd(builder, isum, w, x)
+                d_x = load(builder, xd, d_at, vec(_F32, 8))
+                d_x = shuffle(builder, d_x, d_x, list(range(8)) * 2)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
     def _add_mins(self, builder, w_rows, toks, n_blocks, accs):
@@ -433,16 +362,16 @@ class _Tile:
         in separate sums instead, as llama.cpp adds summs after the rest, SmolLM2's golden
         logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
-        vf, vi = _vec(_F32, lanes), _vec(_I64, lanes)
-        ptrs, words = _vec(_I32.as_pointer(), lanes), _vec(_I32, lanes)
+        vf, vi = vec(_F32, lanes), vec(_I64, lanes)
+        ptrs, words = vec(_I32.as_pointer(), lanes), vec(_I32, lanes)
         gather = cgutils.get_or_insert_function(
             builder.module,
-            ir.FunctionType(words, [ptrs, _I32, _vec(_I1, lanes), words]),
+            ir.FunctionType(words, [ptrs, _I32, vec(_I1, lanes), words]),
             f"llvm.masked.gather.v{lanes}i32.v{lanes}p0",
         )
         load = cgutils.get_or_insert_function(
             builder.module,
-            ir.FunctionType(vf, [vf.as_pointer(), _I32, _vec(_I1, lanes), vf]),
+            ir.FunctionType(vf, [vf.as_pointer(), _I32, vec(_I1, lanes), vf]),
             f"llvm.masked.load.v{lanes}f32.p0",
         )
         n_groups = builder.udiv(builder.add(n_blocks, _I64(lanes - 1)), _I64(lanes))
@@ -451,16 +380,16 @@ class _Tile:
         zero_words, zero_f = ir.Constant(words, [0] * lanes), ir.Constant(vf, [0.0] * lanes)
         with cgutils.for_range(builder, n_groups) as loop:
             first = builder.mul(loop.index, _I64(lanes))
-            left = _splat_value(builder, builder.sub(n_blocks, first), lanes)
+            left = splat_value(builder, builder.sub(n_blocks, first), lanes)
             mask = builder.icmp_signed("<", lane, left)
             offset = builder.add(builder.mul(first, _I64(self.block_bytes)), _I64(2))
             mins = []
             for w_row in w_rows:  # m of block b: the f16 at byte 2 (a dword load covers it)
                 start = builder.add(builder.ptrtoint(w_row, _I64), offset)
-                addr = builder.add(_splat_value(builder, start, lanes), strides)
+                addr = builder.add(splat_value(builder, start, lanes), strides)
                 got = builder.call(gather, [builder.inttoptr(addr, ptrs), _I32(2), mask,
                                             zero_words])
-                mins.append(half_to_f32(builder, builder.trunc(got, _vec(_I16, lanes))))
+                mins.append(half_to_f32(builder, builder.trunc(got, vec(_I16, lanes))))
             for t, (_, _, xs) in enumerate(toks):
                 ptr = builder.gep(xs, [builder.mul(first, _I64(4))])
                 s_x = builder.call(load, [builder.bitcast(ptr, vf.as_pointer()), _I32(4), mask,
@@ -485,14 +414,21 @@ class _Tile:
         widths = sorted({1, BLOCKS_PER_STEP})
         accs = {}
         for nb in widths:
-            zero = ir.Constant(_vec(_F32, 8 * nb), [0.0] * 8 * nb)
+            zero = ir.Constant(vec(_F32, 8 * nb), [0.0] * 8 * nb)
             accs[nb] = [[cgutils.alloca_once_value(builder, zero) for _ in toks] for _ in w_rows]
         step, done = _I64(BLOCKS_PER_STEP), _I64(0)
+        if OCT_STEPS:
+            n_oct = builder.udiv(n_blocks, _I64(8))
+            with cgutils.for_range(builder, n_oct) as loop:
+                self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
+                              accs[2])
+            done = builder.mul(n_oct, _I64(8))
         if QUAD_STEPS:
-            done = builder.mul(builder.udiv(n_blocks, _I64(4)), _I64(4))
-            with cgutils.for_range(builder, builder.udiv(n_blocks, _I64(4))) as loop:
-                i = builder.mul(loop.index, _I64(4))
+            n_quad = builder.udiv(builder.sub(n_blocks, done), _I64(4))
+            with cgutils.for_range(builder, n_quad) as loop:
+                i = builder.add(done, builder.mul(loop.index, _I64(4)))
                 self.quad_step(builder, w_rows, ahead, toks, i, accs[2])
+            done = builder.add(done, builder.mul(n_quad, _I64(4)))
         left = builder.sub(n_blocks, done)
         with cgutils.for_range(builder, builder.udiv(left, step)) as loop:
             i = builder.add(done, builder.mul(loop.index, step))
@@ -511,7 +447,7 @@ class _Tile:
                 if len(widths) == 2:  # the odd block's 8 lanes into the first 8
                     odd = builder.load(accs[1][r][t])
                     zeros = ir.Constant(odd.type, [0.0] * 8)
-                    total = builder.fadd(total, _shuffle(builder, odd, zeros, list(range(16))))
+                    total = builder.fadd(total, shuffle(builder, odd, zeros, list(range(16))))
                 totals.append(total)
         for k, total in enumerate(_hsums(builder, totals)[: self.rows * self.toks]):
             r, t = divmod(k, self.toks)
@@ -537,22 +473,13 @@ def _literal_int(ty) -> int:
 # row a tile will read is in flight a tile or two earlier, whatever the row width.
 PREFETCH_ROWS = 4
 
-# format code -> (decoder, quad decoder, block bytes, bias added by the decoders, has a
-# minimum: the `_1` formats, on Q8_1 activations)
-_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, 34, 128, False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, 18, 8, False),
-    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, 20, 0, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, 22, 16, False),
-    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, 24, 0, True),
-}
 
 
 @intrinsic
 def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
     """(code, rows, toks, w, r0, xq, xd, xs, t0, out): writes out[t0:t0+toks, r0:r0+rows].
     code (a GGML type), rows and toks must be compile-time constants."""
-    fmt, n_rows, n_toks = _FORMATS[_literal_int(code)], _literal_int(rows), _literal_int(toks)
+    fmt, n_rows, n_toks = BLOCK_FORMATS[_literal_int(code)], _literal_int(rows), _literal_int(toks)
     ok = (
         _is_2d(w, types.uint8)
         and _is_2d(xq, types.int8)
@@ -576,7 +503,7 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and NEON have 16
 # vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
 _WIDE_TILES = BLOCKS_PER_STEP == 2
-TILE_ROWS = dict.fromkeys(_FORMATS, 3 if _WIDE_TILES else 2)
+TILE_ROWS = dict.fromkeys(BLOCK_FORMATS, 3 if _WIDE_TILES else 2)
 ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).

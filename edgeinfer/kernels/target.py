@@ -22,3 +22,6 @@ def host_cpu_features() -> set[str]:
 CPU_FEATURES = host_cpu_features()
 # Half <-> float conversions in hardware: x86 F16C, every AArch64.
 F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64", "arm64")
+# 512-bit VNNI with byte/word ops: the legacy kernels' 8-block step and, to feed it, the
+# grouped activation layout of actquant (both switch on this one flag).
+AVX512_VNNI = {"avx512vnni", "avx512vl", "avx512bw"} <= CPU_FEATURES

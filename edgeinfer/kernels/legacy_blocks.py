@@ -1,0 +1,259 @@
+"""Weight-block decoders of the legacy kernels (legacy.py) as LLVM IR, in three layouts.
+
+Each builds, from the raw GGML blocks of one weight row, unsigned bytes u = value + BIAS of
+the format (bias 0 for the `_1` formats, whose values are already unsigned nibbles), so that
+VNNI's u8 x s8 product needs no sign trick:
+
+| decoder | blocks | result                                                                  |
+|---------|--------|-------------------------------------------------------------------------|
+| single  | 1      | <32 x u8>, element j = value j                                          |
+| quad    | 4      | (lo, hi) <64 x u8>: values 0..15 of each block in turn, then 16..31     |
+| oct     | 8      | four <64 x u8> in actquant's grouped order (register k, i32 lane l:     |
+|         |        | value dword GROUP_DWORDS[k][l // 8] of block l % 8)                     |
+
+Layouts: Q8_0 d f16 | qs i8[32]; Q4_0 d | qs u8[16]; Q4_1 d | m f16 | qs; Q5_0 d | qh u32 |
+qs; Q5_1 d | m | qh | qs. A nibble format's low nibbles are values 0..15, high 16..31; qh bit
+j is the 5th bit of value j.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba.core import cgutils
+
+from edgeinfer.kernels.actquant import GROUP_DWORDS
+from edgeinfer.kernels.f16 import half_to_f32
+
+_I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+
+
+def vec(elem: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(elem, n)
+
+
+def splat(elem: ir.Type, n: int, value) -> ir.Constant:
+    return ir.Constant(vec(elem, n), [value] * n)
+
+
+def shuffle(builder, a, b, idx: list[int]):
+    return builder.shuffle_vector(a, b, ir.Constant(vec(_I32, len(idx)), idx))
+
+
+def load(builder, base, offset, ty: ir.Type):
+    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
+    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
+    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+    return builder.load(ptr, align=1)
+
+
+def load_f16(builder, base, offset):
+    return half_to_f32(builder, load(builder, base, offset, _I16))
+
+
+# ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
+# (unsigned, so that VNNI's u8 x s8 product needs no sign trick), element j = value j
+
+
+def _nibbles(builder, base, offset):
+    """16 bytes -> <32 x i8>: low nibbles are values 0..15, high nibbles values 16..31."""
+    qs = load(builder, base, offset, vec(_I8, 16))
+    lo = builder.and_(qs, splat(_I8, 16, 0x0F))
+    hi = builder.lshr(qs, splat(_I8, 16, 4))
+    return shuffle(builder, lo, hi, list(range(32)))
+
+
+def _high_bits(builder, base, offset):
+    """uint32 qh -> <32 x i8> holding 16 where bit j of qh is set (the 5th bit of value j)."""
+    qh = load(builder, base, offset, _I32)
+    bits = builder.bitcast(qh, vec(_I1, 32))  # element j = bit j (little-endian)
+    return builder.select(bits, splat(_I8, 32, 16), splat(_I8, 32, 0))
+
+
+def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]; u = q + 128 (flip the sign bit)
+    return builder.xor(load(builder, blk, 2, vec(_I8, 32)), splat(_I8, 32, 0x80))
+
+
+def _decode_q4_0(builder, blk):  # d f16 | qs u8[16]; value = nibble - 8
+    return _nibbles(builder, blk, 2)
+
+
+def _decode_q4_1(builder, blk):  # d f16 | m f16 | qs u8[16]; value = d * nibble + m
+    return _nibbles(builder, blk, 4)
+
+
+def _decode_q5_0(builder, blk):  # d f16 | qh u32 | qs u8[16]; value = (nibble | hbit<<4) - 16
+    return builder.or_(_nibbles(builder, blk, 6), _high_bits(builder, blk, 2))
+
+
+def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
+    return builder.or_(_nibbles(builder, blk, 8), _high_bits(builder, blk, 4))
+
+
+# ---- quad decoders: (builder, 4 block ptrs) -> (lo, hi) <64 x u8>, values + BIAS[format]:
+# lo holds values 0..15 of each block in turn, hi values 16..31 (see _Tile.quad_step)
+
+
+def concat(builder, parts):
+    """Equal-width vectors end to end."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        pairs = zip(parts[::2], parts[1::2])
+        parts = [shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
+    return parts[0]
+
+
+def _quad_nibbles(builder, blks, offset):
+    """A nibble block's low nibbles are its values 0..15, its high nibbles 16..31."""
+    qs = concat(builder, [load(builder, blk, offset, vec(_I8, 16)) for blk in blks])
+    return builder.and_(qs, splat(_I8, 64, 0x0F)), builder.lshr(qs, splat(_I8, 64, 4))
+
+
+def _quad_high_bits(builder, blks, offset):
+    """The 5th bits (qh: bit j for value j) as 16 or 0 in the (lo, hi) layout."""
+    halves = []
+    for shift in (0, 16):
+        mask = _I64(0)
+        for k, blk in enumerate(blks):
+            half = builder.and_(builder.lshr(load(builder, blk, offset, _I32), _I32(shift)),
+                                _I32(0xFFFF))
+            mask = builder.or_(mask, builder.shl(builder.zext(half, _I64), _I64(16 * k)))
+        bits = builder.bitcast(mask, vec(_I1, 64))
+        halves.append(builder.select(bits, splat(_I8, 64, 16), splat(_I8, 64, 0)))
+    return halves
+
+
+def halves(builder, a, b):
+    """Two <64 x i8> holding four 32-byte blocks end to end -> (first 16 bytes of each block,
+    last 16 bytes of each): two 128-bit lane shuffles (vshufi64x2)."""
+
+    def units(picks):
+        return [16 * u + k for u in picks for k in range(16)]
+
+    first, last = units([0, 2, 4, 6]), units([1, 3, 5, 7])
+    return shuffle(builder, a, b, first), shuffle(builder, a, b, last)
+
+
+def _quad_q8_0(builder, blks):
+    flip = splat(_I8, 64, 0x80)
+    qs = [load(builder, blk, 2, vec(_I8, 32)) for blk in blks]
+    pairs = concat(builder, qs[:2]), concat(builder, qs[2:])
+    return tuple(builder.xor(h, flip) for h in halves(builder, *pairs))
+
+
+def _quad_q4_0(builder, blks):
+    return _quad_nibbles(builder, blks, 2)
+
+
+def _quad_q4_1(builder, blks):
+    return _quad_nibbles(builder, blks, 4)
+
+
+def _quad_q5_0(builder, blks):
+    nib, hb = _quad_nibbles(builder, blks, 6), _quad_high_bits(builder, blks, 2)
+    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
+
+
+def _quad_q5_1(builder, blks):
+    nib, hb = _quad_nibbles(builder, blks, 8), _quad_high_bits(builder, blks, 4)
+    return tuple(builder.or_(a, b) for a, b in zip(nib, hb))
+
+
+# ---- oct decoders: (builder, 8 block ptrs) -> four <64 x u8>, values + BIAS[format], in the
+# grouped activation order (actquant.GROUP_DWORDS): register k, i32 lane l holds value dword
+# GROUP_DWORDS[k][l // 8] (values 4m..4m+3) of block l % 8 (see _Tile.oct_step)
+
+
+def _oct_pick(builder, blks, offset, n_words, k):
+    """Register k's 16 dwords from n_words dwords at `offset` of each of 8 blocks."""
+    def words(part):
+        return concat(builder, [load(builder, b, offset, vec(_I32, n_words)) for b in part])
+
+    idx = [n_words * (lane % 8) + GROUP_DWORDS[k][lane // 8] % n_words for lane in range(16)]
+    return shuffle(builder, words(blks[:4]), words(blks[4:]), idx)
+
+
+def _oct_nibbles(builder, blks, offset):
+    """Value dword m < 4 is the low nibbles of qs dword m, m >= 4 the high nibbles of m - 4:
+    registers 0, 2 and 1, 3 share their qs dwords."""
+    v64, low = vec(_I8, 64), splat(_I8, 64, 0x0F)
+    qs = [builder.bitcast(_oct_pick(builder, blks, offset, 4, k), v64) for k in (0, 1)]
+    return [builder.and_(q, low) for q in qs] + [builder.lshr(q, splat(_I8, 64, 4)) for q in qs]
+
+
+def _oct_high_bits(builder, blks, offset):
+    """The 5th bits (qh: bit j for value j) as 16 or 0 in the four registers."""
+    qh = ir.Constant(vec(_I32, 8), None)
+    for k, blk in enumerate(blks):
+        qh = builder.insert_element(qh, load(builder, blk, offset, _I32), _I32(k))
+    qh = shuffle(builder, qh, qh, list(range(8)) * 2)
+    bit_of_byte = ir.Constant(vec(_I8, 64), [1, 2, 4, 8] * 16)
+    regs = []
+    for dwords in GROUP_DWORDS:  # a value dword m's bits are qh bits 4m..4m+3
+        shifts = ir.Constant(vec(_I32, 16), [4 * dwords[lane // 8] for lane in range(16)])
+        low = builder.bitcast(builder.lshr(qh, shifts), vec(_I8, 64))
+        spread = shuffle(builder, low, low, [j // 4 * 4 for j in range(64)])
+        is_set = builder.icmp_unsigned("!=", builder.and_(spread, bit_of_byte),
+                                       splat(_I8, 64, 0))
+        regs.append(builder.select(is_set, splat(_I8, 64, 16), splat(_I8, 64, 0)))
+    return regs
+
+
+def oct_scales(builder, blk0, block_bytes: int):
+    """d (the f16 at byte 0) of 8 blocks as <16 x f32>: block b's in lanes b and b + 8. One
+    gather of the blocks' first dwords (8 word inserts would keep port 5 busy)."""
+    lanes = 8
+    ptrs, words = vec(_I32.as_pointer(), lanes), vec(_I32, lanes)
+    gather = cgutils.get_or_insert_function(
+        builder.module,
+        ir.FunctionType(words, [ptrs, _I32, vec(_I1, lanes), words]),
+        f"llvm.masked.gather.v{lanes}i32.v{lanes}p0",
+    )
+    start = splat_value(builder, builder.ptrtoint(blk0, _I64), lanes)
+    offsets = ir.Constant(vec(_I64, lanes), [k * block_bytes for k in range(lanes)])
+    addrs = builder.inttoptr(builder.add(start, offsets), ptrs)
+    got = builder.call(gather, [addrs, _I32(2), ir.Constant(vec(_I1, lanes), [1] * lanes),
+                                ir.Constant(words, None)])
+    d = half_to_f32(builder, builder.trunc(got, vec(_I16, lanes)))
+    return shuffle(builder, d, d, list(range(8)) * 2)
+
+
+def _oct_q8_0(builder, blks):
+    flip = splat(_I8, 64, 0x80)
+    return [builder.xor(builder.bitcast(_oct_pick(builder, blks, 2, 8, k), flip.type), flip)
+            for k in range(4)]
+
+
+def _oct_q4_0(builder, blks):
+    return _oct_nibbles(builder, blks, 2)
+
+
+def _oct_q4_1(builder, blks):
+    return _oct_nibbles(builder, blks, 4)
+
+
+def _oct_q5_0(builder, blks):
+    nib, hb = _oct_nibbles(builder, blks, 6), _oct_high_bits(builder, blks, 2)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
+
+
+def _oct_q5_1(builder, blks):
+    nib, hb = _oct_nibbles(builder, blks, 8), _oct_high_bits(builder, blks, 4)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
+
+
+def splat_value(builder, value, n: int):
+    """A runtime scalar in all n lanes."""
+    v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
+    return shuffle(builder, v, v, [0] * n)
+
+
+# GGML type code -> (decoder, quad decoder, oct decoder, block bytes, bias added by the
+# decoders, has a minimum: the `_1` formats, which multiply Q8_1 activations)
+BLOCK_FORMATS = {
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, 34, 128, False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, 18, 8, False),
+    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, 20, 0, True),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, 22, 16, False),
+    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, 24, 0, True),
+}
