@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeinfer.kernels import registry
+from edgeinfer.linear import ActScratch
 
 SHAPE_SETS = {  # (n_out, n_in)
     "7b": [(4096, 4096), (11008, 4096)],
@@ -66,14 +67,11 @@ def random_weights(qtype: GGMLQuantizationType, n_out: int, n_in: int, rng) -> n
 
 
 def activation_buffers(fmt, n_tok: int, n_in: int, rng):
+    """Quantized activations in the runtime's own (cache-line aligned) scratch buffers."""
     x = rng.standard_normal((n_tok, n_in), dtype=np.float32)
-    block = max(fmt.act.block, 1)
-    xq = np.zeros((n_tok, n_in), np.int8)
-    xd = np.zeros((n_tok, n_in // block), np.float32)
-    xs = np.zeros((n_tok, n_in // (fmt.act.sum_block or block)), np.float32)
-    xf = np.zeros((n_tok, n_in), np.float32)
-    fmt.act.quantize(x, xq, xd, xs, xf)
-    return x, (xq, xd, xs, xf)
+    bufs = ActScratch(n_tok, n_in).views(fmt.act, n_tok, n_in)
+    fmt.act.quantize(x, *bufs)
+    return x, bufs
 
 
 def time_calls(fn, args_list, runs: int) -> tuple[float, float]:
