@@ -76,7 +76,7 @@ def test_avx2_target_emits_integer_dots_and_fma(tmp_path: Path) -> None:
 def test_host_vnni_target_emits_vpdpbusd_on_zmm(tmp_path: Path) -> None:
     asm = compiled_asm({}, tmp_path)
     assert count(asm["legacy"], "vpdpbusd", "zmm") > 0  # two blocks per instruction
-    # the eight-block step: four vpdpbusd per conversion to float (2.72 over these kernels,
+    # the eight-block step: four vpdpbusd per conversion to float (2.49 over these kernels,
     # with the other steps; 1.75 with the four-block step as the main loop, 1.19 with
     # two-block steps only)
     n_dots = count(asm["legacy"], "vpdpbusd", "zmm")

@@ -56,7 +56,7 @@ def act_buffers(qtype: T, x: np.ndarray):
     fmt = QUANT_FORMATS[qtype].act
     xq = np.zeros((n_tok, n_in), np.int8)
     xd = np.zeros((n_tok, n_in // 32), np.float32)
-    xs = np.zeros((n_tok, n_in // 32), np.float32)
+    xs = np.zeros((n_tok, n_in // (fmt.sum_block or 32)), np.float32)
     xf = np.zeros((n_tok, n_in), np.float32)
     fmt.quantize(x, xq, xd, xs, xf)
     return xq, xd, xs, xf
@@ -212,7 +212,7 @@ def quantize_act(fmt, x):
     bufs = (
         np.zeros((n_tok, n_in), np.int8),
         np.zeros((n_tok, n_in // 32), np.float32),
-        np.zeros((n_tok, n_in // 32), np.float32),
+        np.zeros((n_tok, n_in // (fmt.sum_block or 32)), np.float32),
         np.zeros((n_tok, n_in), np.float32),
     )
     fmt.quantize(x, *bufs)
@@ -223,21 +223,27 @@ def quantize_act(fmt, x):
 @pytest.mark.parametrize("n_in", [256, 608, 2048])
 def test_q8_grouped_layout(n_in: int) -> None:
     """Whole groups of 8 blocks are stored as the 8-block step's registers: byte 64k + 4l + i
-    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8; the rest of the
-    row stays in natural order."""
+    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8, and xs holds
+    minus each lane's sum over the 4 registers (as int32); the rest of the row stays in
+    natural order."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, n_in)).astype(np.float32)
     grouped = np.zeros((2, n_in), np.int8)
     xd = np.zeros((2, n_in // 32), np.float32)
-    actquant.Q8_0_ACT.quantize(x, grouped, xd, xd.copy(), np.zeros_like(x))
+    xs = np.zeros((2, n_in // 16), np.float32)
+    actquant.Q8_0_ACT.quantize(x, grouped, xd, xs, np.zeros_like(x))
     blocks = x.reshape(2, -1, 32)
     inv = np.float32(127) / np.abs(blocks).max(-1)
     natural = np.rint(blocks * inv[..., None]).reshape(2, -1)  # llama.cpp's x86 rounding
+    sums = xs.view(np.int32)
     for g in range(n_in // 256):
+        lane_sums = np.zeros(16)
         for k, lane, i in np.ndindex(4, 16, 4):
             block = 8 * g + lane % 8
-            value = 32 * block + 4 * actquant.GROUP_DWORDS[k][lane // 8] + i
-            assert grouped[1, 256 * g + 64 * k + 4 * lane + i] == natural[1, value]
+            value = natural[1, 32 * block + 4 * actquant.GROUP_DWORDS[k][lane // 8] + i]
+            assert grouped[1, 256 * g + 64 * k + 4 * lane + i] == value
+            lane_sums[lane] += value
+        np.testing.assert_array_equal(sums[1, 16 * g : 16 * g + 16], -lane_sums)
     tail = n_in // 256 * 256
     np.testing.assert_array_equal(grouped[:, tail:], natural[:, tail:])
 

@@ -9,6 +9,9 @@ llama.cpp `vec_dot_type` (architectures.md §1.4).
 | q8_0   | per 32 values: xd = f16(amax/127), xq = rint(x * (127/amax)), ties to even      |
 | q8_1   | q8_0 plus xs = f16(d * sum(xq)) with d the unrounded f32 amax/127               |
 
+With AVX-512 VNNI, xq's whole runs of 8 blocks are stored in the order the legacy kernels'
+8-block step multiplies them, and q8_0's xs holds their lane sums (GROUP, below).
+
 The rounding mirrors ggml's x86 `quantize_row_q8_0/q8_1` (ggml-cpu/arch/x86/quants.c), which
 multiplies by the f32 reciprocal 127/amax and rounds with `_mm256_round_ps(NEAREST)`; the
 scalar reference `quantize_row_q8_0_ref` would instead round ties away from zero.
@@ -39,8 +42,12 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 # them as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8]
 # (values 4m..4m+3) of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles
 # give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). Blocks past
-# the last whole group keep the natural order. `natural_order` undoes it.
+# the last whole group keep the natural order. `natural_order` undoes it. Q8_0 activations
+# then also carry, per group, minus the sum of each of its 16 lanes over the four registers
+# (int32 in xs's bits): the weights' bias correction (legacy: u = value + bias, so
+# dot = sum(u * x) - bias * sum(x)), taken once per input instead of once per tile of rows.
 GROUP = 8 if AVX512_VNNI else 0
+GROUP_SUMS = 16 if GROUP else 0  # values per xs entry of Q8_0 activations: 2 per block
 GROUP_DWORDS = ((0, 2), (1, 3), (4, 6), (5, 7))
 # source dword (8 * block + value dword) of each of a group's 64 dwords
 _GROUP_SOURCE = [
@@ -183,6 +190,18 @@ def _group_blocks(xq) -> None:
 
 
 @njit(cache=True, nogil=True)
+def _group_sums(xq, sums) -> None:
+    """sums[16g + lane] = minus lane `lane`'s sum over group g's four registers."""
+    for g in range(xq.shape[0] // (GROUP * QK8)):
+        for lane in range(16):
+            total = 0
+            for k in range(4):
+                at = 256 * g + 64 * k + 4 * lane
+                total += np.int32(xq[at]) + xq[at + 1] + xq[at + 2] + xq[at + 3]
+            sums[16 * g + lane] = -total
+
+
+@njit(cache=True, nogil=True)
 def _quantize_block_q8(x, i0, xq):
     """Quantize x[i0:i0+32] into xq; returns (d unrounded f32, sum of the quants)."""
     amax = _block_amax(x, i0)
@@ -220,13 +239,16 @@ def quantize_bf16(x, xq, xd, xs, xf) -> None:
 
 @njit(cache=True, nogil=True)
 def quantize_q8_0(x, xq, xd, xs, xf) -> None:
-    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16."""
+    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16 (and where GROUP, the
+    groups' lane sums in xs)."""
     n_tok, n_in = x.shape
     for t in range(n_tok):
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
-        _group_blocks(xq[t])
+        if GROUP:
+            _group_blocks(xq[t])
+            _group_sums(xq[t], xs[t].view(np.int32))
 
 
 @njit(cache=True, nogil=True)
@@ -244,5 +266,5 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)
 F16_ACT = ActFormat("f16", 1, 0, quantize_f16)
 BF16_ACT = ActFormat("bf16", 1, 0, quantize_bf16)
-Q8_0_ACT = ActFormat("q8_0", QK8, 0, quantize_q8_0)
+Q8_0_ACT = ActFormat("q8_0", QK8, GROUP_SUMS, quantize_q8_0)
 Q8_1_ACT = ActFormat("q8_1", QK8, QK8, quantize_q8_1)

@@ -315,22 +315,18 @@ class _Tile:
         into i32 lanes b and b + 8 by four vpdpbusd, so each conversion, scale product and
         FMA serves 256 products (7 vector ops per row x token and 256 values; the four-block
         step needs 10). The activations need no shuffles: the quantizer stored them in this
-        order. Rows outer, tokens inner, so only one row's weights are live besides the 24
-        accumulators; the activations are memory operands."""
+        order, and for the bias correction each lane's sum. Rows outer, tokens inner, so only
+        one row's weights are live besides the 24 accumulators; the activations are memory
+        operands."""
         vi, v64 = vec(_I32, 16), vec(_I8, 64)
 
         def x_regs(xq, x_at):
             return [load(builder, xq, builder.add(x_at, _I64(64 * k)), v64) for k in range(4)]
 
-        zero = ir.Constant(vi, [0] * 16)
-        corrs = [zero] * len(toks)
-        if self.bias:
-            ones, corrs = splat(_I8, 64, 1), []
-            for xq, _, _ in toks:
-                x_sum = zero
-                for x in x_regs(xq, builder.mul(i, _I64(32))):
-                    x_sum = _vpdpbusd(builder, x_sum, ones, x)
-                corrs.append(builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16)))
+        corrs = [ir.Constant(vi, [0] * 16)] * len(toks)
+        if self.bias:  # the quantizer stored minus each lane's activation sum (GROUP_SUMS)
+            sums = [load(builder, xs, builder.mul(i, _I64(8)), vi) for _, _, xs in toks]
+            corrs = [builder.mul(s, ir.Constant(vi, [self.bias] * 16)) for s in sums]
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):

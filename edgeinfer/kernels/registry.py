@@ -12,7 +12,9 @@ Uniform kernel signature, so dispatch is one dict lookup:
         xq  (n_tok, n_in)      int8    quantized activations (Q8_0 / Q8_1 / Q8_K formats)
         xd  (n_tok, n_in//32)  f32     Q8_0/Q8_1 block scales; Q8_K: (n_tok, n_in//256)
         xs  (n_tok, n_in//32)  f32     Q8_1: d*sum(q) per block; Q8_K: (n_tok, n_in//16) bsums,
-                                       int32 values in the f32 buffer's bits
+                                       int32 values in the f32 buffer's bits; Q8_0 with
+                                       AVX-512 VNNI: (n_tok, n_in//16) int32 lane sums
+                                       (actquant.GROUP_SUMS)
         xf  (n_tok, n_in)      f32     activations for float weight types (rounded to the
                                        weight's float type where llama.cpp rounds them)
         out (n_tok, n_out)     f32     written, never allocated
