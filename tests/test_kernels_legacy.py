@@ -20,6 +20,7 @@ from gguf.quants import dequantize, quantize
 
 from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers the kernels)
 from edgeinfer.kernels.registry import QUANT_FORMATS
+from edgeinfer.kernels.target import CPU_FEATURES
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
 # (n_out, n_in): tiles, chunks (16-18 rows: 40 makes a short chunk and a last tile moved
@@ -183,22 +184,32 @@ def test_half_weights_as_gguf_reader_bytes(qtype: T) -> None:
 
 # The block dot product has three code paths, chosen by the CPU numba targets (legacy.DOT_PATH);
 # this machine runs one in-process, numba's own target variables select the others.
-OTHER_TARGETS = {
-    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"},
-    "generic": {"NUMBA_CPU_NAME": "generic"},  # portable IR, software f16 conversion
+OTHER_TARGETS = {  # name: (numba's target variables, the dot path the kernels then take)
+    "avx2": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"},
+             "avx2"),
+    "generic": ({"NUMBA_CPU_NAME": "generic"}, "generic"),  # portable IR, software f16
+    # AVX-512 VNNI without BITALG (Cascade Lake): the 8-block step's other 5th-bit expansion
+    "vnni-no-bitalg": ({"NUMBA_CPU_NAME": "cascadelake",
+                        "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2,+avx512f,+avx512bw,"
+                                              "+avx512vl,+avx512dq,+avx512cd,+avx512vnni"},
+                       "vnni"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(OTHER_TARGETS))
 def test_other_cpu_targets(target: str, tmp_path: Path) -> None:
-    env = {**os.environ, **OTHER_TARGETS[target], "NUMBA_CACHE_DIR": str(tmp_path)}
+    target_env, dot_path = OTHER_TARGETS[target]
+    if dot_path == "vnni" and not {"avx512vnni", "avx512bw", "avx512vl"} <= CPU_FEATURES:
+        pytest.skip("this CPU cannot run AVX-512 VNNI code")
+    env = {**os.environ, **target_env, "NUMBA_CACHE_DIR": str(tmp_path)}
     check = "from edgeinfer.kernels import legacy; print(legacy.DOT_PATH)"
     path = subprocess.run(
         [sys.executable, "-c", check], check=False, env=env, capture_output=True, text=True
     )
-    assert path.stdout.strip() == target, path.stderr
-    subset = "(vs_dequantized and (16x576 or 7x96)) or arbitrary or outliers or q8 or f16 or bf16"
+    assert path.stdout.strip() == dot_path, path.stderr
+    subset = ("(vs_dequantized and (16x576 or 5x384 or 7x96)) or arbitrary or outliers or q8 "
+              "or f16 or bf16")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", subset]
     run = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

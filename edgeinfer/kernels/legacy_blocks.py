@@ -24,6 +24,7 @@ from numba.core import cgutils
 
 from edgeinfer.kernels.actquant import GROUP_DWORDS
 from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.target import CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 
@@ -181,27 +182,9 @@ def _oct_nibbles(builder, blks, offset):
     return [builder.and_(q, low) for q in qs] + [builder.lshr(q, splat(_I8, 64, 4)) for q in qs]
 
 
-def _oct_high_bits(builder, blks, offset):
-    """The 5th bits (qh: bit j for value j) as 16 or 0 in the four registers."""
-    qh = ir.Constant(vec(_I32, 8), None)
-    for k, blk in enumerate(blks):
-        qh = builder.insert_element(qh, load(builder, blk, offset, _I32), _I32(k))
-    qh = shuffle(builder, qh, qh, list(range(8)) * 2)
-    bit_of_byte = ir.Constant(vec(_I8, 64), [1, 2, 4, 8] * 16)
-    regs = []
-    for dwords in GROUP_DWORDS:  # a value dword m's bits are qh bits 4m..4m+3
-        shifts = ir.Constant(vec(_I32, 16), [4 * dwords[lane // 8] for lane in range(16)])
-        low = builder.bitcast(builder.lshr(qh, shifts), vec(_I8, 64))
-        spread = shuffle(builder, low, low, [j // 4 * 4 for j in range(64)])
-        is_set = builder.icmp_unsigned("!=", builder.and_(spread, bit_of_byte),
-                                       splat(_I8, 64, 0))
-        regs.append(builder.select(is_set, splat(_I8, 64, 16), splat(_I8, 64, 0)))
-    return regs
-
-
-def oct_scales(builder, blk0, block_bytes: int):
-    """d (the f16 at byte 0) of 8 blocks as <16 x f32>: block b's in lanes b and b + 8. One
-    gather of the blocks' first dwords (8 word inserts would keep port 5 busy)."""
+def _gather_dwords(builder, blk0, block_bytes: int, offset: int):
+    """The dword at `offset` of 8 consecutive blocks: <8 x i32>, by one gather (8 inserts
+    would keep port 5 busy)."""
     lanes = 8
     ptrs, words = vec(_I32.as_pointer(), lanes), vec(_I32, lanes)
     gather = cgutils.get_or_insert_function(
@@ -209,12 +192,50 @@ def oct_scales(builder, blk0, block_bytes: int):
         ir.FunctionType(words, [ptrs, _I32, vec(_I1, lanes), words]),
         f"llvm.masked.gather.v{lanes}i32.v{lanes}p0",
     )
-    start = splat_value(builder, builder.ptrtoint(blk0, _I64), lanes)
+    start = splat_value(builder, builder.add(builder.ptrtoint(blk0, _I64), _I64(offset)), lanes)
     offsets = ir.Constant(vec(_I64, lanes), [k * block_bytes for k in range(lanes)])
     addrs = builder.inttoptr(builder.add(start, offsets), ptrs)
-    got = builder.call(gather, [addrs, _I32(2), ir.Constant(vec(_I1, lanes), [1] * lanes),
-                                ir.Constant(words, None)])
-    d = half_to_f32(builder, builder.trunc(got, vec(_I16, lanes)))
+    return builder.call(gather, [addrs, _I32(2), ir.Constant(vec(_I1, lanes), [1] * lanes),
+                                 ir.Constant(words, None)])
+
+
+def _bit_select(builder, words, bits):
+    """vpshufbitqmb (BITALG): byte j of the mask = bit bits[j] of qword j // 8 of words."""
+    v64, mask = vec(_I8, 64), vec(_I1, 64)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(mask, [v64, v64]), "llvm.x86.avx512.vpshufbitqmb.512"
+    )
+    return builder.call(fn, [builder.bitcast(words, v64), ir.Constant(v64, bits)])
+
+
+def _oct_high_bits(builder, blk0, block_bytes: int, offset: int):
+    """The 5th bits (qh: bit j for value j) as 16 or 0 in the four registers. Lane l takes
+    qh of block l % 8; value dword m's bits are qh bits 4m..4m+3. With BITALG one
+    vpshufbitqmb per register picks each byte's bit (from the qword of lanes 2q, 2q + 1);
+    else a shift per lane, a byte spread and a test."""
+    qh = _gather_dwords(builder, blk0, block_bytes, offset)
+    qh = shuffle(builder, qh, qh, list(range(8)) * 2)
+    sixteen, zero = splat(_I8, 64, 16), splat(_I8, 64, 0)
+    regs = []
+    for dwords in GROUP_DWORDS:
+        if "avx512bitalg" in CPU_FEATURES:
+            bits = [32 * (lane % 2) + 4 * dwords[lane // 8] + i for lane in range(16)
+                    for i in range(4)]
+            is_set = _bit_select(builder, qh, bits)
+        else:
+            shifts = ir.Constant(vec(_I32, 16), [4 * dwords[lane // 8] for lane in range(16)])
+            low = builder.bitcast(builder.lshr(qh, shifts), vec(_I8, 64))
+            spread = shuffle(builder, low, low, [j // 4 * 4 for j in range(64)])
+            bit = builder.and_(spread, ir.Constant(vec(_I8, 64), [1, 2, 4, 8] * 16))
+            is_set = builder.icmp_unsigned("!=", bit, zero)
+        regs.append(builder.select(is_set, sixteen, zero))
+    return regs
+
+
+def oct_scales(builder, blk0, block_bytes: int):
+    """d (the f16 at byte 0) of 8 blocks as <16 x f32>: block b's in lanes b and b + 8."""
+    d = _gather_dwords(builder, blk0, block_bytes, 0)
+    d = half_to_f32(builder, builder.trunc(d, vec(_I16, 8)))
     return shuffle(builder, d, d, list(range(8)) * 2)
 
 
@@ -233,12 +254,12 @@ def _oct_q4_1(builder, blks):
 
 
 def _oct_q5_0(builder, blks):
-    nib, hb = _oct_nibbles(builder, blks, 6), _oct_high_bits(builder, blks, 2)
+    nib, hb = _oct_nibbles(builder, blks, 6), _oct_high_bits(builder, blks[0], 22, 2)
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
 def _oct_q5_1(builder, blks):
-    nib, hb = _oct_nibbles(builder, blks, 8), _oct_high_bits(builder, blks, 4)
+    nib, hb = _oct_nibbles(builder, blks, 8), _oct_high_bits(builder, blks[0], 24, 4)
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
