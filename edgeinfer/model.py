@@ -16,7 +16,7 @@ import numpy as np
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
-from edgeinfer.kernels.attention import attention, scratch_floats, store_kv
+from edgeinfer.kernels.attention import attention, scratch_floats, shared_floats, store_kv
 from edgeinfer.kernels.flash import flash_attention, flash_scratch_floats
 from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import BlockWeights, Weights
@@ -99,6 +99,7 @@ class Workspace:
     up: np.ndarray  # (n_batch, n_ff)
     act: np.ndarray  # (n_batch, n_ff) act(gate) * up: its own buffer, see _ffn_block
     scores: np.ndarray  # (n_threads, scratch) attention scratch (raw scores of a tile)
+    attn_shared: np.ndarray  # (shared_floats,) attention's decode-split scratch
     scratch: ActScratch
     _views: dict[int, BatchViews] = field(default_factory=dict)
 
@@ -134,6 +135,8 @@ class Workspace:
             gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
             act=np.zeros((n_batch, c.n_ff), f32),
             scores=np.zeros((numba.config.NUMBA_NUM_THREADS, attn_scratch), f32),
+            attn_shared=np.zeros(shared_floats(c.n_head, c.head_dim, n_ctx,
+                                               numba.config.NUMBA_NUM_THREADS), f32),
             scratch=ActScratch(n_batch, n_in_max),
         )
 
@@ -220,7 +223,7 @@ class Transformer:
         store_kv(bv.k, bv.v, slots, positions, kc, vc)
         window = c.sliding_window if swa else 0
         self.attention(bv.q, kc, vc, slots, positions, window, self.score_scale, ws.scores,
-                       bv.attn)  # (n, n_head, hd)
+                       ws.attn_shared, bv.attn)  # (n, n_head, hd)
         project(bv.attn_rows, (b.attn_output,), (bv.o,), ws.scratch)  # (n, n_embd)
         if b.attn_output_bias is not None:
             ops.add_bias(bv.o, b.attn_output_bias)

@@ -12,7 +12,8 @@ import numba
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats
+from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats, shared_floats
+from edgeinfer.kernels.flash import flash_attention
 
 ATOL = 1.5e-3
 
@@ -42,16 +43,21 @@ def make_cache(rng, n_slots, n_ctx, n_kv, hd):
 
 
 def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None,
-        kernel=attention):
+        kernel=attention, shared=None):
+    """The kernel on fresh output; by default without `shared` scratch, so a decode split
+    allocates its own."""
     slots, positions = np.asarray(slots, np.int32), np.asarray(positions, np.int32)
     if scratch is None:
         scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, k_cache.shape[1]), np.float32)
+    if shared is None:
+        shared = np.zeros(0, np.float32)
     out = np.full(q.shape, np.nan, np.float32)
     q_before = q.copy()
     old = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        kernel(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch, out)
+        kernel(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch, shared,
+               out)
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(q, q_before)  # q is read, not rounded in place
@@ -151,6 +157,22 @@ def test_given_scratch_is_used_and_any_size_works():
     with_scratch = run(*args, scratch=big)
     assert np.any(big != 0)
     np.testing.assert_array_equal(run(*args, scratch=tiny), with_scratch)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="the split needs 2 threads")
+@pytest.mark.parametrize("kernel", [attention, flash_attention], ids=["exact", "flash"])
+def test_given_shared_scratch_is_used_on_the_decode_split(kernel):
+    """A lone long decode row is split across threads into shared scores and partial sums:
+    in `shared` when it holds shared_floats(...) floats (the model's workspace), else in
+    arrays the call allocates, with the same result."""
+    rng = np.random.default_rng(6)
+    k, v = make_cache(rng, 1, 4200, 3, 64)
+    q = rng.standard_normal((1, 9, 64)).astype(np.float32)
+    args = (q, k, v, [0], [4150], 0, 0.1, 2)
+    shared = np.zeros(shared_floats(9, 64, 4200, numba.config.NUMBA_NUM_THREADS), np.float32)
+    given = run(*args, kernel=kernel, shared=shared)
+    assert np.any(shared != 0)
+    np.testing.assert_array_equal(run(*args, kernel=kernel), given)
 
 
 def test_prefetch_is_a_hint_even_past_the_end():

@@ -60,6 +60,15 @@ def scratch_floats(n_head: int, n_head_kv: int, head_dim: int, n_ctx: int) -> in
     return int(_scratch_floats(_tile_tokens(group, n_ctx) * group, head_dim, n_ctx))
 
 
+def shared_floats(n_head: int, head_dim: int, n_ctx: int, n_threads: int) -> int:
+    """float32s of `shared` that the decode split of attention or flash_attention needs (the
+    scores of the rows it splits, or their (M, S); their partial value sums): fewer than
+    2 * n_threads rows, in at most 2 * n_threads key ranges. A smaller `shared` still works,
+    but then each such call allocates it."""
+    rows = parts = 2 * n_threads
+    return rows * n_head * (n_ctx + parts * (head_dim + 2))
+
+
 @njit(cache=True, nogil=True)
 def _tile_tokens(group, n_ctx):
     return max(1, min(TILE_TOKENS, SCORE_BUDGET // (group * n_ctx)))
@@ -447,10 +456,11 @@ def _split_parts(n_items, longest):
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out):
+def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shared, out):
     """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
     uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
-    allocated here when m < scratch_floats(...); out (n, n_head, hd) f32."""
+    allocated here when m < scratch_floats(...); shared (k,) f32 scratch of the decode split,
+    allocated here when k < shared_floats(...); out (n, n_head, hd) f32."""
     n, n_head, hd = q.shape
     n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
@@ -462,8 +472,10 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, out)
     if n_part > 1:
         # Few long rows (decode): split each row's keys into parts across the threads. Then
         # chunk == 1. Scores, softmax and P·V become three parallel steps with shared scores.
-        sc_all = np.empty((n, n_head, longest), np.float32)
-        part_acc = np.empty((n_part, n, n_head, hd), np.float32)
+        n_sc, n_pa = n * n_head * longest, n_part * n * n_head * hd
+        split = shared if shared.shape[0] >= n_sc + n_pa else np.empty(n_sc + n_pa, np.float32)
+        sc_all = split[:n_sc].reshape((n, n_head, longest))
+        part_acc = split[n_sc : n_sc + n_pa].reshape((n_part, n, n_head, hd))
         for w in prange(n_items * n_part):
             i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
             qt, _, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)

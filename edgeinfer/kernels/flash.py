@@ -287,11 +287,13 @@ def _merge_parts(part_acc, part_m, part_s, i, h, out_row):
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, out):
+def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, shared,
+                    out):
     """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
     k_cache/v_cache (n_slots, n_ctx, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
-    scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...);
-    out (n, n_head, hd) f32."""
+    scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...); shared (k,)
+    f32 scratch of the decode split, allocated here when k < shared_floats(...); out
+    (n, n_head, hd) f32."""
     n, n_head, hd = q.shape
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
@@ -304,9 +306,12 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
     if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
         # each part's (M, S, acc) kept, then merged.
-        part_acc = np.empty((n_part, n, n_head, hd), np.float32)
-        part_m = np.empty((n_part, n, n_head), np.float32)
-        part_s = np.empty((n_part, n, n_head), np.float32)
+        n_pa, n_ms = n_part * n * n_head * hd, n_part * n * n_head
+        split = shared if shared.shape[0] >= n_pa + 2 * n_ms else np.empty(n_pa + 2 * n_ms,
+                                                                             np.float32)
+        part_acc = split[:n_pa].reshape((n_part, n, n_head, hd))
+        part_m = split[n_pa : n_pa + n_ms].reshape((n_part, n, n_head))
+        part_s = split[n_pa + n_ms : n_pa + 2 * n_ms].reshape((n_part, n, n_head))
         for w in prange(n_items * n_part):
             i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
             qt, acc, kf, sc, rs, m, s = _flash_scratch(work[get_thread_id()], TILE_TOKENS * group,
