@@ -50,6 +50,7 @@ from edgeinfer.kernels.actquant import (
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.legacy_blocks import (
     BLOCK_FORMATS,
+    block_dwords,
     halves,
     load,
     load_f16,
@@ -359,12 +360,6 @@ class _Tile:
         logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
         vf, vi = vec(_F32, lanes), vec(_I64, lanes)
-        ptrs, words = vec(_I32.as_pointer(), lanes), vec(_I32, lanes)
-        gather = cgutils.get_or_insert_function(
-            builder.module,
-            ir.FunctionType(words, [ptrs, _I32, vec(_I1, lanes), words]),
-            f"llvm.masked.gather.v{lanes}i32.v{lanes}p0",
-        )
         load = cgutils.get_or_insert_function(
             builder.module,
             ir.FunctionType(vf, [vf.as_pointer(), _I32, vec(_I1, lanes), vf]),
@@ -372,19 +367,15 @@ class _Tile:
         )
         n_groups = builder.udiv(builder.add(n_blocks, _I64(lanes - 1)), _I64(lanes))
         lane = ir.Constant(vi, list(range(lanes)))
-        strides = ir.Constant(vi, [k * self.block_bytes for k in range(lanes)])
-        zero_words, zero_f = ir.Constant(words, [0] * lanes), ir.Constant(vf, [0.0] * lanes)
+        zero_f = ir.Constant(vf, [0.0] * lanes)
         with cgutils.for_range(builder, n_groups) as loop:
             first = builder.mul(loop.index, _I64(lanes))
             left = splat_value(builder, builder.sub(n_blocks, first), lanes)
             mask = builder.icmp_signed("<", lane, left)
-            offset = builder.add(builder.mul(first, _I64(self.block_bytes)), _I64(2))
             mins = []
             for w_row in w_rows:  # m of block b: the f16 at byte 2 (a dword load covers it)
-                start = builder.add(builder.ptrtoint(w_row, _I64), offset)
-                addr = builder.add(splat_value(builder, start, lanes), strides)
-                got = builder.call(gather, [builder.inttoptr(addr, ptrs), _I32(2), mask,
-                                            zero_words])
+                blk0 = builder.gep(w_row, [builder.mul(first, _I64(self.block_bytes))])
+                got = block_dwords(builder, blk0, self.block_bytes, 2, lanes, mask)
                 mins.append(half_to_f32(builder, builder.trunc(got, vec(_I16, lanes))))
             for t, (_, _, xs) in enumerate(toks):
                 ptr = builder.gep(xs, [builder.mul(first, _I64(4))])

@@ -182,10 +182,9 @@ def _oct_nibbles(builder, blks, offset):
     return [builder.and_(q, low) for q in qs] + [builder.lshr(q, splat(_I8, 64, 4)) for q in qs]
 
 
-def _gather_dwords(builder, blk0, block_bytes: int, offset: int):
-    """The dword at `offset` of 8 consecutive blocks: <8 x i32>, by one gather (8 inserts
-    would keep port 5 busy)."""
-    lanes = 8
+def block_dwords(builder, blk0, block_bytes: int, offset: int, lanes: int = 8, mask=None):
+    """The dword at `offset` of `lanes` consecutive blocks from blk0: <lanes x i32>, by one
+    gather (inserts would keep port 5 busy); lanes off in `mask` read nothing and give 0."""
     ptrs, words = vec(_I32.as_pointer(), lanes), vec(_I32, lanes)
     gather = cgutils.get_or_insert_function(
         builder.module,
@@ -195,8 +194,9 @@ def _gather_dwords(builder, blk0, block_bytes: int, offset: int):
     start = splat_value(builder, builder.add(builder.ptrtoint(blk0, _I64), _I64(offset)), lanes)
     offsets = ir.Constant(vec(_I64, lanes), [k * block_bytes for k in range(lanes)])
     addrs = builder.inttoptr(builder.add(start, offsets), ptrs)
-    return builder.call(gather, [addrs, _I32(2), ir.Constant(vec(_I1, lanes), [1] * lanes),
-                                 ir.Constant(words, None)])
+    if mask is None:
+        mask = ir.Constant(vec(_I1, lanes), [1] * lanes)
+    return builder.call(gather, [addrs, _I32(2), mask, ir.Constant(words, [0] * lanes)])
 
 
 def _bit_select(builder, words, bits):
@@ -213,7 +213,7 @@ def _oct_high_bits(builder, blk0, block_bytes: int, offset: int):
     qh of block l % 8; value dword m's bits are qh bits 4m..4m+3. With BITALG one
     vpshufbitqmb per register picks each byte's bit (from the qword of lanes 2q, 2q + 1);
     else a shift per lane, a byte spread and a test."""
-    qh = _gather_dwords(builder, blk0, block_bytes, offset)
+    qh = block_dwords(builder, blk0, block_bytes, offset)
     qh = shuffle(builder, qh, qh, list(range(8)) * 2)
     sixteen, zero = splat(_I8, 64, 16), splat(_I8, 64, 0)
     regs = []
@@ -234,7 +234,7 @@ def _oct_high_bits(builder, blk0, block_bytes: int, offset: int):
 
 def oct_scales(builder, blk0, block_bytes: int):
     """d (the f16 at byte 0) of 8 blocks as <16 x f32>: block b's in lanes b and b + 8."""
-    d = _gather_dwords(builder, blk0, block_bytes, 0)
+    d = block_dwords(builder, blk0, block_bytes, 0)
     d = half_to_f32(builder, builder.trunc(d, vec(_I16, 8)))
     return shuffle(builder, d, d, list(range(8)) * 2)
 
