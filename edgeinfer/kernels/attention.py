@@ -346,7 +346,7 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
             for jj in range(j0, j1):
                 _prefetch_kv(k_cache, v_cache, s, jj + PREFETCH_KEYS, kvh, end)
             _convert_rows(k_cache, s, j0, j1 - j0, kvh, kf)
-        t = 0
+        t = np.int64(0)  # not a literal: one compiled _same_keys (attention() says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             last = t1 * group - 1
@@ -380,7 +380,7 @@ def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window,
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         if not direct:
             _convert_rows(v_cache, s, j0, j1 - j0, kvh, kf)
-        t = 0
+        t = np.int64(0)  # not a literal: one compiled _same_keys (attention() says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             last = t1 * group - 1
@@ -469,6 +469,9 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
     need = _scratch_floats(tile * group, hd, n_ctx)
     work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
+    # Helpers get np.int64 where a constant or prange's uint64 index would compile them (and
+    # what they call) a second time, for that type: 6 s of a first run's compile.
+    one = np.int64(1)
     if n_part > 1:
         # Few long rows (decode): split each row's keys into parts across the threads. Then
         # chunk == 1. Scores, softmax and P·V become three parallel steps with shared scores.
@@ -479,9 +482,9 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
         for w in prange(n_items * n_part):
             i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
             qt, _, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
-            ka, kb = _tile_setup(q, positions, i, 1, kvh, group, window, qt)
+            ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt)
             blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-            _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, 1, group,
+            _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, one, group,
                          window, ka, kb, blk_lo, blk_hi,
                          sc_all[i, kvh * group : kvh * group + group])
         for w in prange(n * n_head):
@@ -494,7 +497,8 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
             ka, kb = _key_range(positions[i], window)
             blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
             _tile_values(acc, sc_all[i, kvh * group : kvh * group + group], v_cache, kf,
-                         slots[i], kvh, positions, i, 1, group, window, ka, kb, blk_lo, blk_hi)
+                         slots[i], kvh, positions, i, one, group, window, ka, kb, blk_lo,
+                         blk_hi)
             for g in range(group):
                 part_acc[part, i, kvh * group + g] = acc[g]
         out[:] = part_acc[0]
@@ -502,8 +506,8 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
             out += part_acc[part]
     elif parallel:
         for w in prange(n_items):
-            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
-                      work[get_thread_id()], out)
+            _run_item(np.int64(w), n_items, chunk, q, k_cache, v_cache, slots, positions,
+                      window, scale, work[get_thread_id()], out)
     else:
         for w in range(n_items):
             _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,

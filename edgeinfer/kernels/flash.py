@@ -199,7 +199,7 @@ def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions,
             _flash_block_scores(qt, kf, 0, 0, 0, positions, i0, nt, group, window, j0, j1, sc,
                                 kf, 0)
             _convert_rows(v_cache, sl, j0, j1 - j0, kvh, kf)
-        t = 0
+        t = np.int64(0)  # not a literal (attention.attention says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             if a < b:
@@ -303,6 +303,7 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
     work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
                                                              np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
+    one = np.int64(1)  # not a literal, nor prange's uint64: attention.attention says why
     if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
         # each part's (M, S, acc) kept, then merged.
@@ -316,10 +317,10 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
             i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
             qt, acc, kf, sc, rs, m, s = _flash_scratch(work[get_thread_id()], TILE_TOKENS * group,
                                                    hd)
-            ka, kb = _tile_setup(q, positions, i, 1, kvh, group, window, qt, f16_path)
+            ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt, f16_path)
             blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
             _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i,
-                        1, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+                        one, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
             for g in range(group):
                 h = kvh * group + g
                 part_acc[part, i, h] = acc[g]
@@ -329,7 +330,7 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
                          out[w // n_head, w % n_head])
     elif parallel:
         for w in prange(n_items):
-            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+            _flash_item(np.int64(w), n_items, chunk, q, k_cache, v_cache, slots, positions, window,
                         scale, f16_path, work[get_thread_id()], out)
     else:
         for w in range(n_items):
