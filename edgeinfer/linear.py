@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from edgeinfer.kernels.registry import ActFormat, QuantFormat, quant_format
 
@@ -21,16 +22,16 @@ class Linear:
 
     name: str
     fmt: QuantFormat
-    weight: np.ndarray  # (n_out, row_bytes) uint8 blocks, or (n_out, n_in) float/uint16 bits
+    weight: np.ndarray  # (n_out, row_bytes) uint8: GGML blocks, or the floats' bytes
     n_out: int
     n_in: int
 
     @classmethod
     def from_tensor(cls, name: str, qtype: int, data: np.ndarray, shape: tuple[int, int]):
+        """data: the tensor as the GGUF map holds it (uint8 blocks, or float rows)."""
         fmt = quant_format(qtype, name)
-        if data.dtype == np.float16:  # Numba has no float16: kernels read the bits
-            data = data.view(np.uint16)
-        return cls(name, fmt, data, shape[0], shape[1])
+        rows = np.ascontiguousarray(data).view(np.uint8).reshape(shape[0], -1)
+        return cls(name, fmt, rows, shape[0], shape[1])
 
     def rows(self, start: int, stop: int, name: str) -> Linear:
         """A zero-copy view of output rows [start, stop): splits fused qkv / gate_up."""
@@ -63,12 +64,20 @@ class ActScratch:
         key = (act.name, n, n_in)
         bufs = self._views.get(key)
         if bufs is None:
-            nd = n_in // act.block if act.block > 1 else 1
-            ns = n_in // act.sum_block if act.sum_block else 1
-            bufs = (self.xq[: n * n_in].reshape(n, n_in), self.xd[: n * nd].reshape(n, nd),
-                    self.xs[: n * ns].reshape(n, ns), self.xf[: n * n_in].reshape(n, n_in))
+            bufs = act_views(self.xq, self.xd, self.xs, self.xf, n, n_in, act.block,
+                             act.sum_block)
             self._views[key] = bufs
         return bufs
+
+
+@njit(cache=True, nogil=True)
+def act_views(xq, xd, xs, xf, n, n_in, block, sum_block):
+    """The flat scratch buffers as (n, ...) arrays of one activation format (block values
+    per scale, sum_block per sum; 0: none); the layer loop cuts them the same way."""
+    nd = n_in // block if block > 1 else 1
+    ns = n_in // sum_block if sum_block else 1
+    return (xq[: n * n_in].reshape((n, n_in)), xd[: n * nd].reshape((n, nd)),
+            xs[: n * ns].reshape((n, ns)), xf[: n * n_in].reshape((n, n_in)))
 
 
 def project(x: np.ndarray, linears: tuple[Linear, ...], outs: tuple[np.ndarray, ...],

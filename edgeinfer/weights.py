@@ -96,7 +96,9 @@ class _Loader:
         info = self.gguf.tensors[name]
         if info.qtype not in (0, 1):
             raise EdgeInferError(f"tensor '{name}' has unsupported type {info.type_name}")
-        return np.ascontiguousarray(self.gguf.tensor(name), dtype=np.float32).reshape(-1)
+        # a small writable copy: the layer loop's norms and biases are copies (layers.stack),
+        # so the kernels see one array type and compile once
+        return np.array(self.gguf.tensor(name), dtype=np.float32).reshape(-1)
 
     def linear(self, name: str, n_out: int | None = None) -> Linear:
         if not self.has(name):

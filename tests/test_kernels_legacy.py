@@ -21,6 +21,7 @@ from gguf.quants import dequantize, quantize
 from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers the kernels)
 from edgeinfer.kernels.registry import QUANT_FORMATS
 from edgeinfer.kernels.target import CPU_FEATURES
+from edgeinfer.linear import Linear
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
 # (n_out, n_in): tiles, chunks (16-18 rows: 40 makes a short chunk and a last tile moved
@@ -34,12 +35,11 @@ MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}  # byte offset of the f16 block minimum m
 
 
 def make_weights(qtype: T, n_out: int, n_in: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel-layout weights, raw GGUF bytes for gguf-py) from gguf's own quantizer."""
+    """(kernel-layout weights: the rows' bytes, raw GGUF data for gguf-py) from gguf's own
+    quantizer."""
     w = rng.standard_normal((n_out, n_in), dtype=np.float32)
     raw = quantize(w, qtype)
-    if qtype == T.BF16:
-        return raw.view(np.uint16), raw
-    return raw, raw
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(n_out, -1), raw
 
 
 def random_block_bytes(qtype: T, n_out: int, n_in: int, rng) -> np.ndarray:
@@ -171,14 +171,17 @@ def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
 
 
 @pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
-def test_half_weights_as_gguf_reader_bytes(qtype: T) -> None:
-    """GGUFReader gives BF16 tensors as raw uint8 rows; F16 may come as its uint16 bits."""
+def test_half_weights_reach_the_kernel_as_their_bytes(qtype: T) -> None:
+    """GGUFReader gives BF16 tensors as raw uint8 rows, F16 as float16: a Linear keeps the
+    rows' bytes whatever the dtype, so one kernel overload serves them all."""
     rng = np.random.default_rng(9)
     w, _ = make_weights(qtype, 5, 64, rng)
     x = rng.standard_normal((3, 64), dtype=np.float32)
     expect, _ = run_kernel(qtype, w, x)
-    for alt in (w.view(np.uint8), w.view(np.uint16)):
-        out, _ = run_kernel(qtype, alt, x)
+    for alt in (w, w.view(np.uint16), w.view(np.float16)):
+        lin = Linear.from_tensor("w", qtype, alt, (5, 64))
+        assert lin.weight.dtype == np.uint8 and np.shares_memory(lin.weight, w)
+        out, _ = run_kernel(qtype, lin.weight, x)
         np.testing.assert_array_equal(out, expect)
 
 

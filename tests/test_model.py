@@ -240,12 +240,16 @@ def test_every_kernel_releases_the_gil():
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # SwiGLU; GeGLU and post-norms
 def test_element_wise_kernels_get_outputs_apart_from_inputs(model_dir, arch, monkeypatch):
-    """The forward pass never hands an element-wise kernel an output that overlaps its
-    input: LLVM vectorizes those loops behind a run-time overlap check, and an aliased output
-    sends them down the scalar path (SwiGLU of 8 rows 6x slower), with the same results, so
-    no numerics test would notice."""
+    """The layer loop never hands an element-wise kernel an output that overlaps its input:
+    LLVM vectorizes those loops behind a run-time overlap check, and an aliased output sends
+    them down the scalar path (SwiGLU of 8 rows 6x slower), with the same results, so no
+    numerics test would notice. The loop runs here as Python (its py_func, and its helpers'),
+    with the element-wise kernels wrapped to check their arguments."""
+    from numba.core.registry import CPUDispatcher
+
     import edgeinfer.model as model_module
-    from edgeinfer.kernels import ops
+    from edgeinfer import layers
+    from edgeinfer.kernels import native
 
     calls = []
 
@@ -257,11 +261,23 @@ def test_element_wise_kernels_get_outputs_apart_from_inputs(model_dir, arch, mon
             return kernel(*args)
         return run
 
-    acts = {k: checked(f, k) for k, f in model_module.GATED_ACTIVATIONS.items()}
-    monkeypatch.setattr(model_module, "GATED_ACTIVATIONS", acts)
-    monkeypatch.setattr(ops, "rms_norm", checked(ops.rms_norm, "rms_norm"))
-    _, model = load(model_dir, arch, Q.Q8_0)
+    _, model = load(model_dir, arch, Q.Q8_0)  # its kernels' addresses are in native._KERNELS
+    for name, obj in list(vars(layers).items()):
+        if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == layers.__name__:
+            monkeypatch.setattr(layers, name, obj.py_func)
+    monkeypatch.setattr(model_module, "run_layers", layers.run_layers)
+    monkeypatch.setattr(layers, "call", native.call_from_python)
+    monkeypatch.setattr(layers, "weight_rows", native.weight_rows_from_python)
+    kernels = dict(native._KERNELS)
+    for addr, kernel in kernels.items():
+        name = kernel.py_func.__name__.split("_serial")[0].split("_parallel")[0].lstrip("_")
+        if name in ("rms_norm", "swiglu", "geglu"):
+            kernels[addr] = checked(kernel, name)
+        elif name == "add_inplace":  # x += y
+            kernels[addr] = lambda x, y, add=kernel: (
+                calls.append(("add_inplace", np.shares_memory(x, y))), add(x, y))
+    monkeypatch.setattr(native, "_KERNELS", kernels)
     model.logits(TOKENS[:5])
     names = {name for name, _ in calls}
-    assert "rms_norm" in names and names & set(acts)
+    assert {"rms_norm", "add_inplace"} <= names and names & {"swiglu", "geglu"}
     assert not [name for name, aliased in calls if aliased]

@@ -561,13 +561,16 @@ def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
         _quantize_row_q8_k(x, xq, xd, bsums, tok)
 
 
-def quantize_q8_k(x: np.ndarray, xq, xd, xs, xf) -> None:  # xf unused
+@njit(cache=True, nogil=True)
+def quantize_q8_k(x, xq, xd, xs, xf) -> None:  # xf unused
     """ggml's quantize_row_q8_K_ref for each token, the bsums as int32 in xs's bits (the
     kernels read them as integers); prefill batches split tokens across
     threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill). The row ops'
-    threshold, so Model's warm-up compiles both variants."""
-    kernel = _quantize_q8_k_parallel if len(x) >= PARALLEL_ROWS else _quantize_q8_k_serial
-    kernel(x, xq, xd, xs)
+    threshold."""
+    if x.shape[0] >= PARALLEL_ROWS:
+        _quantize_q8_k_parallel(x, xq, xd, xs)
+    else:
+        _quantize_q8_k_serial(x, xq, xd, xs)
 
 
 Q8_K_ACT = ActFormat("q8_k", QK_K, 16, quantize_q8_k)

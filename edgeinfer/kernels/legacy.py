@@ -592,7 +592,7 @@ _FLOAT_MATH = {"reassoc", "contract"}  # lane-split sums and FMA, as ggml's SIMD
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=_FLOAT_MATH)
 def matmul_float(w, xq, xd, xs, xf, out) -> None:
-    """F32 (float32 w) weights; F16 and BF16 come through matmul_f16 / matmul_bf16."""
+    """w (n_out, n_in) float32, or int16 / uint16 bits of F16 / BF16: the kernels below."""
     n_tok, n_out = out.shape
     n_in = w.shape[1]  # xf may be wider (shared scratch space)
     n_quad = n_tok // 4
@@ -616,19 +616,27 @@ def matmul_float(w, xq, xd, xs, xf, out) -> None:
                 out[t, r] = acc
 
 
+# Every weight reaches its kernel as its raw (n_out, row_bytes) bytes (registry.py), so the
+# float kernels view them as their float type first.
+@njit(cache=True, nogil=True)
+def matmul_f32(w, xq, xd, xs, xf, out) -> None:
+    """F32 weights (their bytes) times f32 activations, f32 accumulation."""
+    matmul_float(w.view(np.float32), xq, xd, xs, xf, out)
+
+
+@njit(cache=True, nogil=True)
 def matmul_f16(w, xq, xd, xs, xf, out) -> None:
-    """F16 weights (float16, or their bits as uint16 / raw uint8 bytes) times F16-rounded
-    activations, f32 accumulation."""
+    """F16 weights (their bytes) times F16-rounded activations, f32 accumulation."""
     matmul_float(w.view(np.int16), xq, xd, xs, xf, out)
 
 
+@njit(cache=True, nogil=True)
 def matmul_bf16(w, xq, xd, xs, xf, out) -> None:
-    """BF16 weights (uint16 bits, or the raw uint8 bytes GGUFReader hands out) times
-    BF16-rounded activations, f32 accumulation."""
+    """BF16 weights (their bytes) times BF16-rounded activations, f32 accumulation."""
     matmul_float(w.view(np.uint16), xq, xd, xs, xf, out)
 
 
-register(T.F32, F32_ACT, matmul_float)
+register(T.F32, F32_ACT, matmul_f32)
 register(T.F16, F16_ACT, matmul_f16)
 register(T.BF16, BF16_ACT, matmul_bf16)
 register(T.Q8_0, Q8_0_ACT, matmul_q8_0)

@@ -85,16 +85,13 @@ def rms_norm(x, weight, eps, out):
 
     x, out (n, dim) f32, apart (see above); weight (dim,) f32.
     """
-    kernel = _rms_norm_parallel if len(x) >= PARALLEL_ROWS else _rms_norm_serial
-    kernel(x, weight, eps, out)
+    by_rows(ROW_KERNELS["rms_norm"], len(x))(x, weight, eps, out)
 
 
 def rms_norm_heads(x, weight, eps):
     """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
     rows = x.reshape(-1, x.shape[-1])
-    kernel = _rms_norm_inplace_parallel if len(rows) >= PARALLEL_ROWS else (
-        _rms_norm_inplace_serial)
-    kernel(rows, weight, eps)
+    by_rows(ROW_KERNELS["rms_norm_inplace"], len(rows))(rows, weight, eps)
 
 
 def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
@@ -163,8 +160,7 @@ def _swiglu_parallel(gate, up, out):
 
 def swiglu(gate, up, out):
     """silu(gate) * up in f32 (ggml_vec_swiglu_f32). All (n, n_ff)."""
-    kernel = _swiglu_parallel if len(gate) >= PARALLEL_ROWS else _swiglu_serial
-    kernel(gate, up, out)
+    by_rows(ROW_KERNELS["swiglu"], len(gate))(gate, up, out)
 
 
 def _gelu_table() -> np.ndarray:
@@ -208,8 +204,22 @@ def _geglu_parallel(gate, up, table, out):
 def geglu(gate, up, table, out):
     """gelu_tanh(gate) * up (ggml_vec_geglu_f32): 0 below -10, identity above 10, else
     the table entry of f16(x), times up in f32. gemma3's FFN. table = GELU_TABLE."""
-    kernel = _geglu_parallel if len(gate) >= PARALLEL_ROWS else _geglu_serial
-    kernel(gate, up, table, out)
+    by_rows(ROW_KERNELS["geglu"], len(gate))(gate, up, table, out)
+
+
+# The row-wise kernels, (serial, parallel): one thread below PARALLEL_ROWS rows, where waking
+# the others costs more than it saves. The layer loop picks by address (layers.Kernels).
+ROW_KERNELS = {
+    "rms_norm": (_rms_norm_serial, _rms_norm_parallel),
+    "rms_norm_inplace": (_rms_norm_inplace_serial, _rms_norm_inplace_parallel),
+    "swiglu": (_swiglu_serial, _swiglu_parallel),
+    "geglu": (_geglu_serial, _geglu_parallel),
+}
+
+
+def by_rows(kernels: tuple, n_rows: int):
+    """The serial or parallel one of a ROW_KERNELS pair, for n_rows rows."""
+    return kernels[n_rows >= PARALLEL_ROWS]
 
 
 @njit(cache=True, nogil=True)

@@ -1,14 +1,15 @@
 """Quant formats registered as data: GGML type -> block geometry, activation format, kernel.
 
 Every weight matrix is kept as the GGUF stores it: a (n_out, row_bytes) uint8 view of the
-memory map (or a float array for F32/F16/BF16). A matrix product first converts the float32
-activations once into the weight type's "vec_dot" format, as llama.cpp does
-(ggml-cpu.c: ggml_compute_forward_mul_mat), then runs an integer (or float) block kernel.
+memory map (F32/F16/BF16 rows too, which their kernels view as floats). A matrix product
+first converts the float32 activations once into the weight type's "vec_dot" format, as
+llama.cpp does (ggml-cpu.c: ggml_compute_forward_mul_mat), then runs an integer (or float)
+block kernel.
 
 Uniform kernel signature, so dispatch is one dict lookup:
 
     kernel(w, xq, xd, xs, xf, out) -> None
-        w   (n_out, row_bytes) uint8   raw GGML blocks; or (n_out, n_in) f32/f16/uint16(bf16)
+        w   (n_out, row_bytes) uint8   raw GGML blocks, or the bytes of F32/F16/BF16 rows
         xq  (n_tok, n_in)      int8    quantized activations (Q8_0 / Q8_1 / Q8_K formats)
         xd  (n_tok, n_in//32)  f32     Q8_0/Q8_1 block scales; Q8_K: (n_tok, n_in//256)
         xs  (n_tok, n_in//32)  f32     Q8_1: d*sum(q) per block; Q8_K: (n_tok, n_in//16) bsums,

@@ -1,0 +1,290 @@
+"""The transformer layers as one compiled call.
+
+`run_layers` takes a batch of n tokens through every layer: a prompt prefill, a batched decode
+step, or any mix (each token carries its own position and KV-cache slot). It serves every
+registered architecture: what differs between them is data in the tables it receives
+(biases, q/k norms, post-norms, sliding-window layers, the gated activation), not code.
+Every kernel it runs was chosen at load (the matrix products' per tensor) and is called by
+its address (kernels/native.py). Python does the embedding before it and the output head
+after it: a SmolLM2 decode step made 604 kernel calls from Python, with about 0.5 ms of
+dispatch and 0.5 ms of Python between them (of 5-7 ms); now it makes five.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.kernels import native
+from edgeinfer.kernels.native import call, weight_rows
+from edgeinfer.kernels.ops import PARALLEL_ROWS
+from edgeinfer.linear import act_views
+
+# A layer's matrices, in the order of LayerTable.weight's second axis: project() runs
+# consecutive ones on one input (q/k/v, gate/up), converting it once per activation format.
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+ATTN_Q, ATTN_OUTPUT, FFN_GATE, FFN_DOWN = 0, 3, 4, 6
+
+
+class LayerTable(NamedTuple):
+    """Every layer's tensors and kernels, stacked by layer (L = n_layer). An optional vector
+    absent from the model is a (L, 0) array."""
+
+    attn_norm: np.ndarray  # (L, n_embd)
+    ffn_norm: np.ndarray  # (L, n_embd)
+    post_attention_norm: np.ndarray  # (L, n_embd) gemma3
+    post_ffw_norm: np.ndarray  # (L, n_embd) gemma3
+    attn_q_norm: np.ndarray  # (L, hd) qwen3, gemma3
+    attn_k_norm: np.ndarray  # (L, hd)
+    attn_q_bias: np.ndarray  # (L, n_head * hd) qwen2
+    attn_k_bias: np.ndarray  # (L, n_kv * hd)
+    attn_v_bias: np.ndarray  # (L, n_kv * hd)
+    attn_output_bias: np.ndarray  # (L, n_embd)
+    swa: np.ndarray  # (L,) int64: 1 on sliding-window layers (local rope, windowed keys)
+    weight: np.ndarray  # (L, 7, 3) int64: address, rows and row bytes of each of LINEARS
+    kernel: np.ndarray  # (L, 7, 2) int64: its matmul and activation quantizer addresses
+    act: np.ndarray  # (L, 7, 3) int64: its activation format (an id), block and sum block
+
+
+class Buffers(NamedTuple):
+    """Activations of up to n_batch tokens, the activation scratch (linear.ActScratch's
+    buffers) and the KV cache: model.allocate_buffers."""
+
+    x: np.ndarray  # (n_batch, n_embd) residual stream
+    h: np.ndarray  # (n_batch, n_embd) normed input of a sub-block
+    o: np.ndarray  # (n_batch, n_embd) sub-block output
+    q: np.ndarray  # (n_batch, n_head, hd)
+    k: np.ndarray  # (n_batch, n_kv, hd)
+    v: np.ndarray  # (n_batch, n_kv, hd)
+    attn: np.ndarray  # (n_batch, n_head, hd)
+    gate: np.ndarray  # (n_batch, n_ff)
+    up: np.ndarray  # (n_batch, n_ff)
+    act: np.ndarray  # (n_batch, n_ff) act(gate) * up: apart from both (ops.py says why)
+    xq: np.ndarray  # flat activation scratch, linear.ActScratch's
+    xd: np.ndarray
+    xs: np.ndarray
+    xf: np.ndarray
+    scores: np.ndarray  # (n_threads, m) attention scratch
+    attn_shared: np.ndarray  # (k,) attention's decode-split scratch
+    k_cache: np.ndarray  # (n_layer, n_slots, n_ctx, n_kv, hd) F16 bits
+    v_cache: np.ndarray
+
+
+class Numerics(NamedTuple):
+    """The model's constants the layers use (config.ModelConfig's, typed for the kernels)."""
+
+    eps: float
+    rope_neox: bool
+    cos: np.ndarray  # (n_ctx, n_rot / 2) global rope table
+    sin: np.ndarray
+    cos_local: np.ndarray  # sliding-window layers' table (gemma3's own base)
+    sin_local: np.ndarray
+    q_scale: float  # multiplies q before attention (q_prescale models), else 1
+    score_scale: np.float32  # multiplies the scores inside attention
+    window: int  # sliding window of the swa layers
+    gelu: bool  # GeGLU (gemma3) instead of SwiGLU
+    gelu_table: np.ndarray
+
+
+class Kernels(NamedTuple):
+    """Addresses (native.address) of the kernels the loop calls, by native.SIGNATURES kind;
+    0 for those this model never calls (they are not compiled). Row-wise ones come in pairs,
+    (serial, parallel): ops.ROW_KERNELS."""
+
+    rms_norm: tuple[int, int]
+    rms_norm_inplace: tuple[int, int]  # q/k norms
+    rope: int
+    scale_inplace: int
+    add_inplace: int
+    add_bias: int
+    store_kv: int
+    attention: int
+    glu: tuple[int, int]  # swiglu or geglu
+
+
+def stack(vectors: list[np.ndarray | None], name: str) -> np.ndarray:
+    """(L, dim) f32 from one optional vector per layer; (L, 0) when no layer has one."""
+    if all(v is None for v in vectors):
+        return np.zeros((len(vectors), 0), np.float32)
+    if any(v is None for v in vectors):
+        raise EdgeInferError(f"unsupported tensor layout: only some layers have {name}")
+    return np.ascontiguousarray(np.stack(vectors), dtype=np.float32)
+
+
+# A constant argument would compile a callee once per value (numba types it as a literal):
+# _project's matrix indices go through np.int64, so it compiles once.
+_i64 = np.int64
+
+
+@njit(cache=True, nogil=True)
+def _project(x, t, il, first, count, outs, b):
+    """outs[j] = x @ W.T for layer il's matrices first .. first + count - 1 (linear.project):
+    x (n, n_in) converted once per run of matrices sharing an activation format. outs is
+    always a 3-tuple (unused ones repeat a used one): one compiled function for 1, 2 or 3."""
+    n, n_in = x.shape
+    current = -1
+    for j in range(count):
+        m = first + j
+        xq, xd, xs, xf = act_views(b.xq, b.xd, b.xs, b.xf, n, n_in, t.act[il, m, 1],
+                                   t.act[il, m, 2])
+        if t.act[il, m, 0] != current:
+            call("quantize", t.kernel[il, m, 1], (x, xq, xd, xs, xf))
+            current = t.act[il, m, 0]
+        w = weight_rows(t.weight[il, m, 0], t.weight[il, m, 1], t.weight[il, m, 2])
+        call("matmul", t.kernel[il, m, 0], (w, xq, xd, xs, xf, outs[j]))
+
+
+@njit(cache=True, nogil=True)
+def _add_bias(k, x, bias):
+    if bias.shape[0]:
+        call("add_bias", k.add_bias, (x, bias))
+
+
+@njit(cache=True, nogil=True)
+def _rows(pair, n_rows):
+    """The serial or parallel kernel of a (serial, parallel) pair: ops.by_rows."""
+    return pair[1] if n_rows >= PARALLEL_ROWS else pair[0]
+
+
+@njit(cache=True, nogil=True)
+def _add_residual(k, x, o, post_norm, eps, h):
+    """x += o, through the sub-block's post-norm (gemma3) when it has one, written into h
+    (free by now): an output apart from its input (ops.py says why)."""
+    if post_norm.shape[0]:
+        call("rms_norm", _rows(k.rms_norm, x.shape[0]), (o, post_norm, eps, h))
+        call("add_inplace", k.add_inplace, (x, h))
+    else:
+        call("add_inplace", k.add_inplace, (x, o))
+
+
+@njit(cache=True, nogil=True)
+def run_layers(n, positions, slots, t, b, c, k):
+    """Tokens b.x[:n] (already embedded) at positions (n,) in cache slots (n,), int32,
+    through every layer; the result is left in b.x[:n]. t: LayerTable, b: Buffers,
+    c: Numerics, k: Kernels."""
+    x, h, o = b.x[:n], b.h[:n], b.o[:n]  # (n, n_embd)
+    q, kk, v, attn = b.q[:n], b.k[:n], b.v[:n], b.attn[:n]  # (n, n_head|n_kv, hd)
+    gate, up, act = b.gate[:n], b.up[:n], b.act[:n]  # (n, n_ff)
+    qkv = (q.reshape((n, -1)), kk.reshape((n, -1)), v.reshape((n, -1)))  # projection rows
+    for il in range(t.swa.shape[0]):
+        # attention sub-block
+        call("rms_norm", _rows(k.rms_norm, n), (x, t.attn_norm[il], c.eps, h))  # (n, n_embd)
+        _project(h, t, il, _i64(ATTN_Q), _i64(3), qkv, b)  # (n, n_head|n_kv, hd)
+        _add_bias(k, qkv[0], t.attn_q_bias[il])
+        _add_bias(k, qkv[1], t.attn_k_bias[il])
+        _add_bias(k, qkv[2], t.attn_v_bias[il])
+        if t.attn_q_norm.shape[1]:  # per head: (n * n_head|n_kv, hd) rows
+            qr, kr = q.reshape((-1, q.shape[2])), kk.reshape((-1, kk.shape[2]))
+            call("rms_norm_inplace", _rows(k.rms_norm_inplace, qr.shape[0]),
+                 (qr, t.attn_q_norm[il], c.eps))
+            call("rms_norm_inplace", _rows(k.rms_norm_inplace, kr.shape[0]),
+                 (kr, t.attn_k_norm[il], c.eps))
+        swa = t.swa[il] != 0
+        cos, sin = (c.cos_local, c.sin_local) if swa else (c.cos, c.sin)  # (n_ctx, n_rot/2)
+        call("rope", k.rope, (q, positions, cos, sin, c.rope_neox))
+        call("rope", k.rope, (kk, positions, cos, sin, c.rope_neox))
+        if c.q_scale != 1.0:
+            call("scale_inplace", k.scale_inplace, (q, c.q_scale))
+        kc, vc = b.k_cache[il], b.v_cache[il]  # (n_slots, n_ctx, n_kv, hd)
+        call("store_kv", k.store_kv, (kk, v, slots, positions, kc, vc))
+        window = c.window if swa else 0
+        call("attention", k.attention, (q, kc, vc, slots, positions, window, c.score_scale,
+                                        b.scores, b.attn_shared, attn))  # (n, n_head, hd)
+        _project(attn.reshape((n, -1)), t, il, _i64(ATTN_OUTPUT), _i64(1), (o, o, o), b)
+        _add_bias(k, o, t.attn_output_bias[il])  # (n, n_embd)
+        _add_residual(k, x, o, t.post_attention_norm[il], c.eps, h)
+        # feed-forward sub-block
+        call("rms_norm", _rows(k.rms_norm, n), (x, t.ffn_norm[il], c.eps, h))  # (n, n_embd)
+        _project(h, t, il, _i64(FFN_GATE), _i64(2), (gate, up, up), b)  # (n, n_ff) x2
+        if c.gelu:
+            call("geglu", _rows(k.glu, n), (gate, up, c.gelu_table, act))  # (n, n_ff)
+        else:
+            call("swiglu", _rows(k.glu, n), (gate, up, act))
+        _project(act, t, il, _i64(FFN_DOWN), _i64(1), (o, o, o), b)  # (n, n_embd)
+        _add_residual(k, x, o, t.post_ffw_norm[il], c.eps, h)
+
+
+# ---- the tables, built once at load
+
+FFN_GELU = {"silu": False, "gelu_tanh": True}  # ModelConfig.ffn_act -> Numerics.gelu
+
+
+def layer_table(blocks, swa_layers) -> LayerTable:
+    """The LayerTable of weights.BlockWeights and ModelConfig.swa_layers; compiles (or
+    loads from the cache) each matmul and activation kernel the model needs."""
+    acts: dict[str, int] = {}
+    weight, kernel, act = [], [], []
+    for b in blocks:
+        for name in LINEARS:
+            lin = getattr(b, name)
+            fmt = lin.fmt
+            weight.append((lin.weight.ctypes.data, lin.weight.shape[0], lin.weight.shape[1]))
+            kernel.append((native.address(fmt.matmul, "matmul"),
+                           native.address(fmt.act.quantize, "quantize")))
+            act.append((acts.setdefault(fmt.act.name, len(acts)), fmt.act.block,
+                        fmt.act.sum_block))
+    n = len(blocks)
+
+    def vectors(name):
+        return stack([getattr(b, name) for b in blocks], name)
+
+    return LayerTable(
+        attn_norm=vectors("attn_norm"), ffn_norm=vectors("ffn_norm"),
+        post_attention_norm=vectors("post_attention_norm"),
+        post_ffw_norm=vectors("post_ffw_norm"),
+        attn_q_norm=vectors("attn_q_norm"), attn_k_norm=vectors("attn_k_norm"),
+        attn_q_bias=vectors("attn_q_bias"), attn_k_bias=vectors("attn_k_bias"),
+        attn_v_bias=vectors("attn_v_bias"), attn_output_bias=vectors("attn_output_bias"),
+        swa=np.array(swa_layers, np.int64).reshape(n),
+        weight=np.array(weight, np.int64).reshape(n, len(LINEARS), 3),
+        kernel=np.array(kernel, np.int64).reshape(n, len(LINEARS), 2),
+        act=np.array(act, np.int64).reshape(n, len(LINEARS), 3),
+    )
+
+
+def numerics(config, weights, n_ctx: int) -> Numerics:
+    """The Numerics of a model config, with rope tables for n_ctx positions."""
+    from edgeinfer.kernels.ops import GELU_TABLE, rope_table
+
+    if config.ffn_act not in FFN_GELU:
+        raise EdgeInferError(f"unsupported feed-forward activation {config.ffn_act}")
+    cos, sin = rope_table(n_ctx, config.n_rot, config.rope_base, config.rope_freq_scale,
+                          weights.rope_freqs)
+    cos_local, sin_local = rope_table(n_ctx, config.n_rot, config.rope_base_swa, 1.0)
+    return Numerics(
+        eps=float(config.norm_eps), rope_neox=bool(config.rope_neox), cos=cos, sin=sin,
+        cos_local=cos_local, sin_local=sin_local,
+        q_scale=float(config.attn_scale) if config.q_prescale else 1.0,
+        score_scale=np.float32(1.0 if config.q_prescale else config.attn_scale),
+        window=int(config.sliding_window), gelu=FFN_GELU[config.ffn_act],
+        gelu_table=GELU_TABLE)
+
+
+def kernels(table: LayerTable, c: Numerics, flash_attn: bool) -> Kernels:
+    """The Kernels the loop calls for this model (compiled or loaded from the cache now)."""
+    from edgeinfer.kernels import ops
+    from edgeinfer.kernels.attention import attention, store_kv
+    from edgeinfer.kernels.flash import flash_attention
+
+    def need(kernel, kind: str, used: bool = True) -> int:
+        return native.address(kernel, kind) if used else 0
+
+    def pair(kind: str, used: bool = True) -> tuple[int, int]:
+        return tuple(need(kernel, kind, used) for kernel in ops.ROW_KERNELS[kind])
+
+    has_bias = any(getattr(table, f).shape[1] for f in (
+        "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias"))
+    return Kernels(
+        rms_norm=pair("rms_norm"),
+        rms_norm_inplace=pair("rms_norm_inplace", table.attn_q_norm.shape[1] > 0),
+        rope=need(ops.rope, "rope"),
+        scale_inplace=need(ops.scale_inplace, "scale_inplace", c.q_scale != 1.0),
+        add_inplace=need(ops.add_inplace, "add_inplace"),
+        add_bias=need(ops.add_bias, "add_bias", has_bias),
+        store_kv=need(store_kv, "store_kv"),
+        attention=need(flash_attention if flash_attn else attention, "attention"),
+        glu=pair("geglu" if c.gelu else "swiglu"),
+    )
