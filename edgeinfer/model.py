@@ -138,8 +138,10 @@ class Transformer:
                    self.kernels)
         if len(rows) == 0:
             return
-        h = self.buffers.h[: len(rows)]  # (m, n_embd)
-        ops.rms_norm(np.ascontiguousarray(x[rows]), w.output_norm, c.norm_eps, h)
+        m = len(rows)
+        picked = np.take(x, rows, axis=0, out=self.buffers.o[:m])  # (m, n_embd); o is free
+        h = self.buffers.h[:m]  # (m, n_embd)
+        ops.rms_norm(picked, w.output_norm, c.norm_eps, h)
         project(h, (w.output,), (logits,), self.scratch)  # (m, n_vocab)
         if w.output_bias is not None:
             ops.add_bias(logits, w.output_bias)
