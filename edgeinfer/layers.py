@@ -221,6 +221,8 @@ def layer_table(blocks, swa_layers) -> LayerTable:
         for name in LINEARS:
             lin = getattr(b, name)
             fmt = lin.fmt
+            if not lin.weight.flags.c_contiguous:  # the loop sees rows at a fixed stride
+                raise EdgeInferError(f"tensor '{lin.name}' is not stored row after row")
             weight.append((lin.weight.ctypes.data, lin.weight.shape[0], lin.weight.shape[1]))
             kernel.append((native.address(fmt.matmul, "matmul"),
                            native.address(fmt.act.quantize, "quantize")))
