@@ -233,11 +233,15 @@ def layer_table(blocks, swa_layers) -> LayerTable:
     def vectors(name):
         return stack([getattr(b, name) for b in blocks], name)
 
+    q_norm, k_norm = vectors("attn_q_norm"), vectors("attn_k_norm")
+    if q_norm.shape[1] != k_norm.shape[1]:  # the loop norms both or neither
+        raise EdgeInferError("unsupported tensor layout: attn_q_norm without attn_k_norm "
+                             "or the other way round")
     return LayerTable(
         attn_norm=vectors("attn_norm"), ffn_norm=vectors("ffn_norm"),
         post_attention_norm=vectors("post_attention_norm"),
         post_ffw_norm=vectors("post_ffw_norm"),
-        attn_q_norm=vectors("attn_q_norm"), attn_k_norm=vectors("attn_k_norm"),
+        attn_q_norm=q_norm, attn_k_norm=k_norm,
         attn_q_bias=vectors("attn_q_bias"), attn_k_bias=vectors("attn_k_bias"),
         attn_v_bias=vectors("attn_v_bias"), attn_output_bias=vectors("attn_output_bias"),
         swa=np.array(swa_layers, np.int64).reshape(n),

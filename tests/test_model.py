@@ -126,6 +126,19 @@ def test_missing_tensor_names_it_and_the_layout(model_dir, tmp_path):
         Model.load(tmp_path / "broken.gguf", n_ctx=32)
 
 
+def test_a_q_norm_without_its_k_norm_is_refused(tmp_path):
+    """Optional per-head norms come in pairs (the layer loop norms both or neither): a llama
+    file with q norms but no k norms gets a clear error, not a read past an empty array."""
+    from edgeinfer.errors import EdgeInferError
+
+    path = write_tiny_model(tmp_path / "q3.gguf", "qwen3", Q.Q8_0)
+    data = path.read_bytes().replace(b"qwen3", b"llama").replace(b"attn_k_norm",
+                                                                   b"attn_x_norm")
+    (tmp_path / "broken.gguf").write_bytes(data)
+    with pytest.raises(EdgeInferError, match="attn_q_norm without attn_k_norm"):
+        Model.load(tmp_path / "broken.gguf", n_ctx=32)
+
+
 def test_mistral_sliding_window_key_is_ignored_like_llama_cpp(model_dir, tmp_path):
     """llama.cpp does not read llama.attention.sliding_window (architectures.md §2): a
     Mistral-style file attends to the whole context, as the reference does."""
