@@ -19,9 +19,9 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
 from edgeinfer.kernels.attention import scratch_floats, shared_floats
 from edgeinfer.kernels.flash import flash_scratch_floats
-from edgeinfer.layers import Buffers, kernels, layer_table, numerics, run_layers
+from edgeinfer.layers import LINEARS, Buffers, kernels, layer_table, numerics, run_layers
 from edgeinfer.linear import ActScratch, project
-from edgeinfer.weights import BlockWeights, Weights
+from edgeinfer.weights import Weights
 
 
 class KVCache:
@@ -85,10 +85,6 @@ def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
     )
 
 
-def _linears(b: BlockWeights):
-    return (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down)
-
-
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, n_slots: int = 1,
                  n_batch: int = 512, flash_attn: bool = False):
@@ -98,7 +94,7 @@ class Transformer:
         # made the golden files (kernels/flash.py and kernels/attention.py say how they differ)
         self.flash_attn = flash_attn
         self.kv_cache = KVCache(config, n_ctx, n_slots)
-        linears = [weights.output] + [lin for b in weights.blocks for lin in _linears(b)]
+        linears = [weights.output] + [getattr(b, n) for b in weights.blocks for n in LINEARS]
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
         self.buffers = allocate_buffers(config, n_batch, n_ctx, flash_attn, self.scratch,
                                         self.kv_cache)
