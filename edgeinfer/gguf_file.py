@@ -144,6 +144,8 @@ class GGUFFile:
                     f"{self.path}: truncated GGUF file (tensor '{name}' runs past the end)"
                 )
             self.tensors[name] = info
+        _release_pages(self._map, self.data_offset)
+
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -160,6 +162,18 @@ class GGUFFile:
         arr = np.frombuffer(self._map, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
         rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
         return arr.reshape(rows, info.n_bytes // rows)
+
+
+def _release_pages(buf: mmap.mmap, end: int) -> None:
+    """Unmap the resident pages of the header [0, end) from this process: it was read once,
+    into Python objects (a 262k-token vocabulary's strings and scores are 6 MB of the file).
+    The page cache keeps them; a later read would map them again."""
+    n = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if n and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            buf.madvise(mmap.MADV_DONTNEED, 0, n)
+        except OSError:  # advice only
+            pass
 
 
 def _open_map(path: Path) -> mmap.mmap:

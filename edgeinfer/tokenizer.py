@@ -402,7 +402,7 @@ class Tokenizer:
         self._spm = SpmEncoder(vocab) if vocab.kind == "spm" else None
         self._tokens = vocab.tokens
         self._attrs = vocab.attrs
-        self._pieces: list[bytes | None] = [None] * len(vocab.tokens)
+        self._pieces: dict[int, bytes] = {}  # decoded pieces, filled as tokens are seen
         self._specials_all, self._specials_user = self._special_cache()
         self.n_vocab: int = len(vocab.tokens)
         self.bos_id: int | None = vocab.ids["bos"]
@@ -534,7 +534,7 @@ class Tokenizer:
             raise EdgeInferError(f"token id {token_id} is outside the vocabulary ({self.n_vocab})")
         if not special and self._attrs[token_id] & PARSE_SPECIAL_ATTRS:
             return b""
-        piece = self._pieces[token_id]
+        piece = self._pieces.get(token_id)
         if piece is None:
             piece = self._pieces[token_id] = self._make_piece(token_id)
         return piece

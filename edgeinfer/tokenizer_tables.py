@@ -479,8 +479,9 @@ def _read_tokens(meta: dict) -> list[str]:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise EdgeInferError("GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    return tokens
+    if all(tokens):  # the metadata's own list: a copy is 2 MB on a 262k vocabulary
+        return tokens
+    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
 
 
 def _token_index(tokens: list[str]) -> dict[str, int]:
