@@ -24,9 +24,10 @@ Tiling: one intrinsic call computes a register tile of 2 or 3 rows (TILE_ROWS) x
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the 16 or 24 accumulators stay
 in registers for the whole row; at the end all of a tile's accumulators are summed across
-their lanes together (_hsums). Parallelism: `prange` over chunks of about ROWS_PER_CHUNK
-rows, whose weights stay in L1 while the tokens stream past; products under SERIAL_WORK run
-on the calling thread.
+their lanes together (_hsums). Parallelism: chunks of ROWS_PER_CHUNK rows or a few more
+(whole tiles and whole cache lines of outputs), whose weights stay in L1 while the tokens
+stream past, taken in turn by whichever thread is free (schedule.py); products under
+SERIAL_WORK run on the calling thread.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from edgeinfer.kernels.legacy_blocks import (
     vec,
 )
 from edgeinfer.kernels.registry import register
+from edgeinfer.kernels.schedule import chunk_counter, n_workers, next_chunk
 from edgeinfer.kernels.target import AVX512_VNNI, CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -491,7 +493,7 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
 _WIDE_TILES = BLOCKS_PER_STEP == 2
 TILE_ROWS = dict.fromkeys(BLOCK_FORMATS, 3 if _WIDE_TILES else 2)
-ROWS_PER_CHUNK = 16  # output rows per prange task, rounded up to whole tiles: stays in L1
+ROWS_PER_CHUNK = 16  # output rows per task (a 64-byte line of f32), raised to whole tiles
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
 SERIAL_WORK = 64 * 1024
@@ -513,7 +515,12 @@ def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
 
 @njit(cache=True, nogil=True)
 def _chunk_rows(rows):
-    return (ROWS_PER_CHUNK + rows - 1) // rows * rows
+    """Whole tiles and whole 64-byte lines of each token's outputs (a multiple of 16 rows):
+    threads never write the same cache line."""
+    n = ROWS_PER_CHUNK
+    while n % rows:
+        n += ROWS_PER_CHUNK
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -550,9 +557,13 @@ def _make_matmul(qtype: T):
         if w.shape[1] * n_out * n_tok < SERIAL_WORK:  # no fork/join for a small product
             for c in range(n_chunks):
                 _chunk(code, rows, w, xq, xd, xs, out, np.int64(c))
-        else:
-            for c in prange(n_chunks):  # int64 c in both loops: one compiled _chunk
-                _chunk(code, rows, w, xq, xd, xs, out, np.int64(c))
+        else:  # chunks taken in turn by whichever thread is free (schedule.py)
+            counter = chunk_counter()
+            for _ in prange(n_workers(n_chunks)):
+                c = next_chunk(counter)
+                while c < n_chunks:
+                    _chunk(code, rows, w, xq, xd, xs, out, c)
+                    c = next_chunk(counter)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True, nogil=True)(matmul)
