@@ -1,4 +1,5 @@
-"""Dynamic chunk scheduling (kernels/schedule.py): every chunk runs once, whatever the threads."""
+"""Chunked parallel loops (kernels/schedule.py): every chunk runs exactly once, whatever the
+thread count and chunk costs (which share a thread runs first is speed, for the benchmarks)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,48 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from edgeinfer.kernels.schedule import chunk_counter, n_workers, next_chunk
+from edgeinfer.kernels.schedule import MAX_SEGMENTS, chunk_counters, n_workers, take
 
 
 @njit(parallel=True, nogil=True)
-def _run_chunks(n_chunks, runs, worker):
-    counter = chunk_counter()
-    for task in prange(n_workers(n_chunks)):
-        c = next_chunk(counter)
-        while c < n_chunks:
-            runs[c] += 1
-            worker[c] = task
-            for _ in range(1000 * (c % 7)):  # uneven chunk costs
-                runs[c] += 0
-            c = next_chunk(counter)
+def _run_chunks(n_chunks, runs, first, spin):
+    """runs[c] counts chunk c's runs; first[task] is the first chunk task ran; chunk c spins
+    spin[c] rounds (uneven costs make threads help each other)."""
+    counters, n_seg = chunk_counters(), n_workers(n_chunks)
+    for task in prange(n_seg):
+        for k in range(n_seg):
+            seg = (np.int64(task) + k) % n_seg
+            c = take(counters, seg, k > 0, n_chunks, n_seg)
+            while c >= 0:
+                if first[task] < 0:
+                    first[task] = c
+                runs[c] += 1
+                x = 0.0
+                for i in range(spin[c]):
+                    x += np.sqrt(np.float64(i))
+                runs[c] += 0 if x >= 0 else 1
+                c = take(counters, seg, k > 0, n_chunks, n_seg)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n_chunks", [0, 1, 3, 257])
-def test_every_chunk_runs_exactly_once(threads, n_chunks):
+@pytest.mark.parametrize("skew", ["even", "front-heavy", "back-heavy"])
+def test_every_chunk_runs_exactly_once(threads, n_chunks, skew):
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        for _ in range(20):  # fresh counter on each call
+        spin = np.full(n_chunks, 2000, np.int64)
+        if skew == "front-heavy":
+            spin[: n_chunks // 2] *= 20
+        elif skew == "back-heavy":
+            spin[n_chunks // 2 :] *= 20
+        for _ in range(10):  # fresh counters on each call
             runs = np.zeros(n_chunks, np.int64)
-            worker = np.full(n_chunks, -1, np.int64)
-            _run_chunks(n_chunks, runs, worker)
+            first = np.full(MAX_SEGMENTS, -1, np.int64)
+            _run_chunks(n_chunks, runs, first, spin)
             assert np.array_equal(runs, np.ones(n_chunks, np.int64))
-            assert (worker >= 0).all()
+            # every task that ran a chunk began inside some segment's range (its own, unless
+            # a late start found it already done by the others)
+            assert set(first[first >= 0].tolist()) <= set(range(n_chunks))
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
@@ -41,4 +57,4 @@ def test_every_chunk_runs_exactly_once(threads, n_chunks):
 def test_one_task_per_thread_and_never_more_than_chunks():
     assert n_workers(0) == 1
     assert n_workers(1) == 1
-    assert n_workers(10**6) == numba.get_num_threads()
+    assert n_workers(10**6) == min(numba.get_num_threads(), MAX_SEGMENTS)

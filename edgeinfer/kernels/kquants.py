@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.ops import PARALLEL_ROWS
 from edgeinfer.kernels.registry import ActFormat, register
-from edgeinfer.kernels.schedule import chunk_counter, n_workers, next_chunk
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
 from edgeinfer.kernels.target import CPU_FEATURES
 
 QK_K = 256
@@ -349,7 +349,7 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
 PREFETCH_BYTES = 2048
 TILE = 8  # tokens per weight-block unpack (prefill, batches)
-ROWS_PER_CHUNK = 16  # rows per task: whole 64-byte lines of each token's outputs
+ROWS_PER_CHUNK = 8  # rows per chunk
 
 # qtype -> (unpack, block bytes), filled by _make_matmul.
 _UNPACKERS: dict[int, tuple[Callable[[ir.IRBuilder, ir.Value], Unpacked], int]] = {}
@@ -490,14 +490,17 @@ def _make_matmul(qtype: GGMLQuantizationType, unpack, block_bytes: int):
         n_chunks = (n_out + ROWS_PER_CHUNK - 1) // ROWS_PER_CHUNK
         if w.shape[1] * n_out * out.shape[0] < SERIAL_WORK:  # no fork/join when small
             _rows(code, w, xq, xd, xs, out, np.int64(0), np.int64(n_out))
-        else:  # chunks taken in turn by whichever thread is free (schedule.py)
-            counter = chunk_counter()
-            for _ in prange(n_workers(n_chunks)):
-                c = next_chunk(counter)
-                while c < n_chunks:
-                    r0 = c * ROWS_PER_CHUNK
-                    _rows(code, w, xq, xd, xs, out, r0, min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
-                    c = next_chunk(counter)
+        else:  # each thread its own rows, then helps the others (schedule.py)
+            counters, n_seg = chunk_counters(), n_workers(n_chunks)
+            for task in prange(n_seg):
+                for k in range(n_seg):
+                    seg = (np.int64(task) + k) % n_seg
+                    c = take(counters, seg, k > 0, n_chunks, n_seg)
+                    while c >= 0:
+                        r0 = c * ROWS_PER_CHUNK  # int64 everywhere: one compiled _rows
+                        _rows(code, w, xq, xd, xs, out, r0,
+                              min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
+                        c = take(counters, seg, k > 0, n_chunks, n_seg)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True, nogil=True)(matmul)

@@ -24,10 +24,10 @@ Tiling: one intrinsic call computes a register tile of 2 or 3 rows (TILE_ROWS) x
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the 16 or 24 accumulators stay
 in registers for the whole row; at the end all of a tile's accumulators are summed across
-their lanes together (_hsums). Parallelism: chunks of ROWS_PER_CHUNK rows or a few more
-(whole tiles and whole cache lines of outputs), whose weights stay in L1 while the tokens
-stream past, taken in turn by whichever thread is free (schedule.py); products under
-SERIAL_WORK run on the calling thread.
+their lanes together (_hsums). Parallelism: chunks of about ROWS_PER_CHUNK rows, whose
+weights stay in L1 while the tokens stream past; each thread runs a contiguous share of them,
+then helps with the others' (schedule.py); products under SERIAL_WORK run on the calling
+thread.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from edgeinfer.kernels.legacy_blocks import (
     vec,
 )
 from edgeinfer.kernels.registry import register
-from edgeinfer.kernels.schedule import chunk_counter, n_workers, next_chunk
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
 from edgeinfer.kernels.target import AVX512_VNNI, CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -493,7 +493,7 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # vector registers (NEON needs 2 per accumulator): 2 rows everywhere.
 _WIDE_TILES = BLOCKS_PER_STEP == 2
 TILE_ROWS = dict.fromkeys(BLOCK_FORMATS, 3 if _WIDE_TILES else 2)
-ROWS_PER_CHUNK = 16  # output rows per task (a 64-byte line of f32), raised to whole tiles
+ROWS_PER_CHUNK = 16  # output rows per chunk, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
 SERIAL_WORK = 64 * 1024
@@ -515,12 +515,7 @@ def _chunk_tokens(code, n_rows, n_toks, w, xq, xd, xs, out, r0, r1) -> None:
 
 @njit(cache=True, nogil=True)
 def _chunk_rows(rows):
-    """Whole tiles and whole 64-byte lines of each token's outputs (a multiple of 16 rows):
-    threads never write the same cache line."""
-    n = ROWS_PER_CHUNK
-    while n % rows:
-        n += ROWS_PER_CHUNK
-    return n
+    return (ROWS_PER_CHUNK + rows - 1) // rows * rows
 
 
 @njit(cache=True, nogil=True)
@@ -557,13 +552,15 @@ def _make_matmul(qtype: T):
         if w.shape[1] * n_out * n_tok < SERIAL_WORK:  # no fork/join for a small product
             for c in range(n_chunks):
                 _chunk(code, rows, w, xq, xd, xs, out, np.int64(c))
-        else:  # chunks taken in turn by whichever thread is free (schedule.py)
-            counter = chunk_counter()
-            for _ in prange(n_workers(n_chunks)):
-                c = next_chunk(counter)
-                while c < n_chunks:
-                    _chunk(code, rows, w, xq, xd, xs, out, c)
-                    c = next_chunk(counter)
+        else:  # each thread its own rows, then helps the others (schedule.py)
+            counters, n_seg = chunk_counters(), n_workers(n_chunks)
+            for task in prange(n_seg):
+                for k in range(n_seg):
+                    seg = (np.int64(task) + k) % n_seg
+                    c = take(counters, seg, k > 0, n_chunks, n_seg)
+                    while c >= 0:
+                        _chunk(code, rows, w, xq, xd, xs, out, c)
+                        c = take(counters, seg, k > 0, n_chunks, n_seg)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True, nogil=True)(matmul)
