@@ -35,6 +35,7 @@ from edgeinfer.kernels.attn_blocks import fits, score_block, value_block
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 from edgeinfer.kernels.prefetch import prefetch
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
 
 # Reassociation lets LLVM vectorize the q.k reductions (strict f32 order keeps them scalar);
 # llama.cpp's SIMD dot products reorder their sums the same way.
@@ -104,8 +105,8 @@ def _thread_scratch(buf, rows, hd, n_ctx):
 @njit(cache=True, nogil=True)
 def _work_item(w, n_items, n_kv):
     """Work item w's (chunk, KV head). Zigzag order: causal prefill chunks grow in cost, and
-    prange hands each thread a contiguous range of w, so pair cheap early items with
-    expensive late ones."""
+    each thread starts on a contiguous range of w (schedule.py), so pair cheap early items
+    with expensive late ones."""
     item = w // 2 if w % 2 == 0 else n_items - 1 - w // 2
     return item // n_kv, item % n_kv
 
@@ -504,10 +505,17 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
         out[:] = part_acc[0]
         for part in range(1, n_part):
             out += part_acc[part]
-    elif parallel:
-        for w in prange(n_items):
-            _run_item(np.int64(w), n_items, chunk, q, k_cache, v_cache, slots, positions,
-                      window, scale, work[get_thread_id()], out)
+    elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
+        counters, n_seg = chunk_counters(), n_workers(n_items)
+        for task in prange(n_seg):
+            buf = work[get_thread_id()]
+            for k in range(n_seg):
+                seg = (np.int64(task) + k) % n_seg
+                w = take(counters, seg, k > 0, n_items, n_seg)
+                while w >= 0:
+                    _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions,
+                              window, scale, buf, out)
+                    w = take(counters, seg, k > 0, n_items, n_seg)
     else:
         for w in range(n_items):
             _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,

@@ -50,6 +50,7 @@ from edgeinfer.kernels.attention import (
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import round_f16
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
 
 FA_TILE_Q = 64  # GGML_FA_TILE_Q: calls with this many query tokens take the f32 path
 
@@ -328,10 +329,17 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
         for w in prange(n * n_head):
             _merge_parts(part_acc, part_m, part_s, w // n_head, w % n_head,
                          out[w // n_head, w % n_head])
-    elif parallel:
-        for w in prange(n_items):
-            _flash_item(np.int64(w), n_items, chunk, q, k_cache, v_cache, slots, positions, window,
-                        scale, f16_path, work[get_thread_id()], out)
+    elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
+        counters, n_seg = chunk_counters(), n_workers(n_items)
+        for task in prange(n_seg):
+            buf = work[get_thread_id()]
+            for k in range(n_seg):
+                seg = (np.int64(task) + k) % n_seg
+                w = take(counters, seg, k > 0, n_items, n_seg)
+                while w >= 0:
+                    _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions,
+                                window, scale, f16_path, buf, out)
+                    w = take(counters, seg, k > 0, n_items, n_seg)
     else:
         for w in range(n_items):
             _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
