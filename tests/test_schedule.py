@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from edgeinfer.kernels.schedule import MAX_SEGMENTS, chunk_counters, n_workers, take
+from edgeinfer.kernels.schedule import MAX_SEGMENTS, chunk_counters, n_workers, next_chunk
 
 
 @njit(parallel=True, nogil=True)
@@ -17,18 +17,16 @@ def _run_chunks(n_chunks, runs, first, spin):
     spin[c] rounds (uneven costs make threads help each other)."""
     counters, n_seg = chunk_counters(), n_workers(n_chunks)
     for task in prange(n_seg):
-        for k in range(n_seg):
-            seg = (np.int64(task) + k) % n_seg
-            c = take(counters, seg, k > 0, n_chunks, n_seg)
-            while c >= 0:
-                if first[task] < 0:
-                    first[task] = c
-                runs[c] += 1
-                x = 0.0
-                for i in range(spin[c]):
-                    x += np.sqrt(np.float64(i))
-                runs[c] += 0 if x >= 0 else 1
-                c = take(counters, seg, k > 0, n_chunks, n_seg)
+        c, k = next_chunk(counters, np.int64(task), np.int64(0), n_chunks, n_seg)
+        while c >= 0:
+            if first[task] < 0:
+                first[task] = c
+            runs[c] += 1
+            x = 0.0
+            for i in range(spin[c]):
+                x += np.sqrt(np.float64(i))
+            runs[c] += 0 if x >= 0 else 1
+            c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

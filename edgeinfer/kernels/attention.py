@@ -35,7 +35,7 @@ from edgeinfer.kernels.attn_blocks import fits, score_block, value_block
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
 from edgeinfer.kernels.prefetch import prefetch
-from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 
 # Reassociation lets LLVM vectorize the q.k reductions (strict f32 order keeps them scalar);
 # llama.cpp's SIMD dot products reorder their sums the same way.
@@ -509,13 +509,11 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
         counters, n_seg = chunk_counters(), n_workers(n_items)
         for task in prange(n_seg):
             buf = work[get_thread_id()]
-            for k in range(n_seg):
-                seg = (np.int64(task) + k) % n_seg
-                w = take(counters, seg, k > 0, n_items, n_seg)
-                while w >= 0:
-                    _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions,
-                              window, scale, buf, out)
-                    w = take(counters, seg, k > 0, n_items, n_seg)
+            w, k = next_chunk(counters, np.int64(task), np.int64(0), n_items, n_seg)
+            while w >= 0:
+                _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+                          scale, buf, out)
+                w, k = next_chunk(counters, np.int64(task), k, n_items, n_seg)
     else:
         for w in range(n_items):
             _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,

@@ -50,7 +50,7 @@ from edgeinfer.kernels.attention import (
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import round_f16
-from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 
 FA_TILE_Q = 64  # GGML_FA_TILE_Q: calls with this many query tokens take the f32 path
 
@@ -333,13 +333,11 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
         counters, n_seg = chunk_counters(), n_workers(n_items)
         for task in prange(n_seg):
             buf = work[get_thread_id()]
-            for k in range(n_seg):
-                seg = (np.int64(task) + k) % n_seg
-                w = take(counters, seg, k > 0, n_items, n_seg)
-                while w >= 0:
-                    _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions,
-                                window, scale, f16_path, buf, out)
-                    w = take(counters, seg, k > 0, n_items, n_seg)
+            w, k = next_chunk(counters, np.int64(task), np.int64(0), n_items, n_seg)
+            while w >= 0:
+                _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+                            scale, f16_path, buf, out)
+                w, k = next_chunk(counters, np.int64(task), k, n_items, n_seg)
     else:
         for w in range(n_items):
             _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,

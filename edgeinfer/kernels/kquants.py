@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.ops import PARALLEL_ROWS
 from edgeinfer.kernels.registry import ActFormat, register
-from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 from edgeinfer.kernels.target import CPU_FEATURES
 
 QK_K = 256
@@ -493,14 +493,11 @@ def _make_matmul(qtype: GGMLQuantizationType, unpack, block_bytes: int):
         else:  # each thread its own rows, then helps the others (schedule.py)
             counters, n_seg = chunk_counters(), n_workers(n_chunks)
             for task in prange(n_seg):
-                for k in range(n_seg):
-                    seg = (np.int64(task) + k) % n_seg
-                    c = take(counters, seg, k > 0, n_chunks, n_seg)
-                    while c >= 0:
-                        r0 = c * ROWS_PER_CHUNK  # int64 everywhere: one compiled _rows
-                        _rows(code, w, xq, xd, xs, out, r0,
-                              min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
-                        c = take(counters, seg, k > 0, n_chunks, n_seg)
+                c, k = next_chunk(counters, np.int64(task), np.int64(0), n_chunks, n_seg)
+                while c >= 0:
+                    r0 = c * ROWS_PER_CHUNK  # int64 everywhere: one compiled _rows
+                    _rows(code, w, xq, xd, xs, out, r0, min(r0 + ROWS_PER_CHUNK, np.int64(n_out)))
+                    c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True, nogil=True)(matmul)

@@ -62,7 +62,7 @@ from edgeinfer.kernels.legacy_blocks import (
     vec,
 )
 from edgeinfer.kernels.registry import register
-from edgeinfer.kernels.schedule import chunk_counters, n_workers, take
+from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 from edgeinfer.kernels.target import AVX512_VNNI, CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -555,12 +555,10 @@ def _make_matmul(qtype: T):
         else:  # each thread its own rows, then helps the others (schedule.py)
             counters, n_seg = chunk_counters(), n_workers(n_chunks)
             for task in prange(n_seg):
-                for k in range(n_seg):
-                    seg = (np.int64(task) + k) % n_seg
-                    c = take(counters, seg, k > 0, n_chunks, n_seg)
-                    while c >= 0:
-                        _chunk(code, rows, w, xq, xd, xs, out, c)
-                        c = take(counters, seg, k > 0, n_chunks, n_seg)
+                c, k = next_chunk(counters, np.int64(task), np.int64(0), n_chunks, n_seg)
+                while c >= 0:
+                    _chunk(code, rows, w, xq, xd, xs, out, c)
+                    c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
 
     matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
     return njit(parallel=True, cache=True, nogil=True)(matmul)

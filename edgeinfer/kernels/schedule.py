@@ -9,15 +9,12 @@ calling thread spent 12% of an 8-sequence decode step spinning at the end of the
 interleaved the threads' rows, which cost the memory-bound single-token matmuls 5-8% (each
 thread's stream of weight rows, and the prefetches ahead of it, jumped at every chunk). So:
 
-    counters = chunk_counters()
-    n_seg = n_workers(n_chunks)
+    counters, n_seg = chunk_counters(), n_workers(n_chunks)
     for task in prange(n_seg):
-        for k in range(n_seg):  # its own segment first, then the others'
-            seg = (np.int64(task) + k) % n_seg
-            c = take(counters, seg, k > 0, n_chunks, n_seg)
-            while c >= 0:
-                ...chunk c...
-                c = take(counters, seg, k > 0, n_chunks, n_seg)
+        c, k = next_chunk(counters, np.int64(task), np.int64(0), n_chunks, n_seg)
+        while c >= 0:
+            ...chunk c...
+            c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
 
 A segment's owner takes its chunks from the front, helpers from the back; one atomic word per
 segment counts both (front in the low half, back in the high half), so a chunk is never taken
@@ -27,6 +24,7 @@ region: nothing is allocated per call, and their address reaches the threads as 
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -87,3 +85,16 @@ def take(counters, seg, from_back, n_chunks, n_seg):
     if front + back >= stop - start:
         return -1
     return stop - 1 - back if from_back else start + front
+
+
+@njit(cache=True, nogil=True)
+def next_chunk(counters, task, k, n_chunks, n_seg):
+    """(chunk, k): the next chunk for task, from its own segment while it lasts, then from the
+    others' in turn (k: how far round it has got, 0 at first); chunk -1 when all are done.
+    Pass np.int64 values: a literal 0 would compile a second version."""
+    while k < n_seg:
+        c = take(counters, (task + k) % n_seg, k > 0, n_chunks, n_seg)
+        if c >= 0:
+            return c, k
+        k += 1
+    return np.int64(-1), k
