@@ -146,7 +146,6 @@ class GGUFFile:
             self.tensors[name] = info
         _release_pages(self._map, self.data_offset)
 
-
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
