@@ -442,8 +442,9 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels: kernel(w, xq, xd, xs, xf, out), see registry.py. One prange over weight rows; a row
-# stays in L1 while every token is dotted with it, so prefill reads the weights once.
+# Kernels: kernel(w, xq, xd, xs, xf, out), see registry.py. Chunks of weight rows shared out
+# between the threads (schedule.py); a row stays in L1 while every token is dotted with it, so
+# prefill reads the weights once.
 # ---------------------------------------------------------------------------------------------
 
 
