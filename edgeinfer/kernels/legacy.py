@@ -242,9 +242,18 @@ class _Tile:
 
     @staticmethod
     def _scale_add(builder, acc, isum, d_w, d_x):
-        """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator."""
+        """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator. A
+        narrower product (the odd block's 8 lanes, added last) goes into its first lanes by
+        a rounded product and an add, as into a zeroed accumulator of its own and then the
+        sum, without 24 more accumulators to zero and add up in every tile."""
         value = builder.sitofp(isum, d_w.type)
-        total = _fma(builder, value, builder.fmul(d_w, d_x), builder.load(acc))
+        total, n = builder.load(acc), value.type.count
+        if total.type.count == n:
+            total = _fma(builder, value, builder.fmul(d_w, d_x), total)
+        else:
+            part = builder.fmul(value, builder.fmul(d_w, d_x))
+            zeros = ir.Constant(part.type, [0.0] * n)
+            total = builder.fadd(total, shuffle(builder, part, zeros, list(range(2 * n))))
         builder.store(total, acc)
 
     def _weights(self, builder, w_row, ahead, i, nb: int):
@@ -278,7 +287,7 @@ class _Tile:
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
             for r, (q, d_w) in enumerate(weights):
                 isum = self._dot(builder, q, x, corr)
-                self._scale_add(builder, accs[nb][r][t], isum, d_w, d_x)
+                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
     def _quad_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
@@ -400,44 +409,33 @@ class _Tile:
             toks.append([xq.row(tok), xd.row(tok), xs.row(tok)])
         # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
         n_blocks = builder.udiv(w.n_cols, _I64(self.block_bytes))
-        widths = sorted({1, BLOCKS_PER_STEP})
-        accs = {}
-        for nb in widths:
-            zero = ir.Constant(vec(_F32, 8 * nb), [0.0] * 8 * nb)
-            accs[nb] = [[cgutils.alloca_once_value(builder, zero) for _ in toks] for _ in w_rows]
+        zero = ir.Constant(vec(_F32, 8 * BLOCKS_PER_STEP), [0.0] * 8 * BLOCKS_PER_STEP)
+        accs = [[cgutils.alloca_once_value(builder, zero) for _ in toks] for _ in w_rows]
         step, done = _I64(BLOCKS_PER_STEP), _I64(0)
         if OCT_STEPS:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
-                              accs[2])
+                              accs)
             done = builder.mul(n_oct, _I64(8))
         if QUAD_STEPS:
             n_quad = builder.udiv(builder.sub(n_blocks, done), _I64(4))
             with cgutils.for_range(builder, n_quad) as loop:
                 i = builder.add(done, builder.mul(loop.index, _I64(4)))
-                self.quad_step(builder, w_rows, ahead, toks, i, accs[2])
+                self.quad_step(builder, w_rows, ahead, toks, i, accs)
             done = builder.add(done, builder.mul(n_quad, _I64(4)))
         left = builder.sub(n_blocks, done)
         with cgutils.for_range(builder, builder.udiv(left, step)) as loop:
             i = builder.add(done, builder.mul(loop.index, step))
             self.step(builder, w_rows, ahead, toks, i, BLOCKS_PER_STEP, accs)
-        if BLOCKS_PER_STEP == 2:  # an odd block count leaves one block
+        if self.has_min:
+            self._add_mins(builder, w_rows, toks, n_blocks, accs)
+        if BLOCKS_PER_STEP == 2:  # an odd block count leaves one block, added last
             with builder.if_then(
                 builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))
             ):
                 self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
-        if self.has_min:
-            self._add_mins(builder, w_rows, toks, n_blocks, accs[BLOCKS_PER_STEP])
-        totals = []
-        for r in range(self.rows):
-            for t in range(self.toks):
-                total = builder.load(accs[widths[-1]][r][t])
-                if len(widths) == 2:  # the odd block's 8 lanes into the first 8
-                    odd = builder.load(accs[1][r][t])
-                    zeros = ir.Constant(odd.type, [0.0] * 8)
-                    total = builder.fadd(total, shuffle(builder, odd, zeros, list(range(16))))
-                totals.append(total)
+        totals = [builder.load(accs[r][t]) for r in range(self.rows) for t in range(self.toks)]
         for k, total in enumerate(_hsums(builder, totals)[: self.rows * self.toks]):
             r, t = divmod(k, self.toks)
             ptr = builder.gep(
