@@ -9,8 +9,9 @@ llama.cpp `vec_dot_type` (architectures.md §1.4).
 | q8_0   | per 32 values: xd = f16(amax/127), xq = rint(x * (127/amax)), ties to even      |
 | q8_1   | q8_0 plus xs = f16(d * sum(xq)) with d the unrounded f32 amax/127               |
 
-With AVX-512 VNNI, xq's whole runs of 8 blocks are stored in the order the legacy kernels'
-8-block step multiplies them, and q8_0's xs holds their lane sums (GROUP, below).
+With AVX-512 VNNI, and with AVX2 for 2+ tokens, xq's whole runs of 8 blocks are stored in the
+order the legacy kernels' 8-block step multiplies them, and q8_0's xs holds their lane sums
+(GROUP, below).
 
 The rounding mirrors ggml's x86 `quantize_row_q8_0/q8_1` (ggml-cpu/arch/x86/quants.c), which
 multiplies by the f32 reciprocal 127/amax and rounds with `_mm256_round_ps(NEAREST)`; the
@@ -33,26 +34,36 @@ from numba.extending import intrinsic
 
 from edgeinfer.kernels.f16 import round_f16
 from edgeinfer.kernels.registry import ActFormat
-from edgeinfer.kernels.target import AVX512_VNNI
+from edgeinfer.kernels.target import AVX512_VNNI, DOT_PATH
 
 QK8 = 32  # values per Q8_0 / Q8_1 block
 
-# Grouped layout of xq (AVX-512 VNNI hosts): each run of GROUP = 8 whole blocks is stored as
-# the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it loads
-# them as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8]
+# Grouped layout of xq (AVX2 and AVX-512 VNNI hosts): each run of GROUP = 8 whole blocks is
+# stored as the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it
+# loads them as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8]
 # (values 4m..4m+3) of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles
-# give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). Blocks past
-# the last whole group keep the natural order. `natural_order` undoes it. Q8_0 activations
-# then also carry, per group, minus the sum of each of its 16 lanes over the four registers
-# (int32 in xs's bits): the weights' bias correction (legacy: u = value + bias, so
-# dot = sum(u * x) - bias * sum(x)), taken once per input instead of once per tile of rows.
-GROUP = 8 if AVX512_VNNI else 0
-GROUP_SUMS = 16 if GROUP else 0  # values per xs entry of Q8_0 activations: 2 per block
+# give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads
+# each as two 32-byte registers, lane l of each holding block l. Blocks past the last whole
+# group keep the natural order. `natural_order` undoes it. Q8_0 activations then also carry,
+# per group, minus the sum of each of its SUM_LANES register lanes (int32 in xs's bits): the
+# weights' bias correction (legacy: u = value + bias, so dot = sum(u * x) - bias * sum(x)),
+# taken once per input instead of once per tile of rows; on AVX2 lane l's sum is block l's.
+# On AVX2 a single row (one token) stays in natural order: its kernels keep llama.cpp's
+# block-by-block order there (legacy.YMM_STEPS).
+GROUP = 8 if AVX512_VNNI or DOT_PATH == "avx2" else 0
+SUM_LANES = 16 if AVX512_VNNI else 8  # 32-bit lanes of the step's registers
+GROUP_SUMS = GROUP * QK8 // SUM_LANES if GROUP else 0  # values per xs entry of Q8_0 activations
 GROUP_DWORDS = ((0, 2), (1, 3), (4, 6), (5, 7))
 # source dword (8 * block + value dword) of each of a group's 64 dwords
 _GROUP_SOURCE = [
     8 * (lane % 8) + GROUP_DWORDS[k][lane // 8] for k in range(4) for lane in range(16)
 ]
+
+
+@njit(cache=True, nogil=True)
+def grouped(n_tok) -> bool:
+    """Whether activations of n_tok rows are stored in the grouped order."""
+    return GROUP != 0 and (n_tok > 1 or AVX512_VNNI)
 
 
 @intrinsic
@@ -169,14 +180,14 @@ def _regroup(typingctx, xq, i0):
 
 def natural_order(xq: np.ndarray) -> np.ndarray:
     """A copy of (n_tok, n_in) quantized activations in natural value order."""
-    if not GROUP:
-        return xq.copy()
     n_tok, n_in = xq.shape
+    if not grouped(n_tok):
+        return xq.copy()
     n_grouped = n_in // (GROUP * QK8) * GROUP * QK8
     out = xq.copy()
-    grouped = xq[:, :n_grouped].view(np.int32).reshape(n_tok, -1, 64)
-    natural = np.empty_like(grouped)
-    natural[:, :, _GROUP_SOURCE] = grouped
+    stored = xq[:, :n_grouped].view(np.int32).reshape(n_tok, -1, 64)
+    natural = np.empty_like(stored)
+    natural[:, :, _GROUP_SOURCE] = stored
     out[:, :n_grouped] = natural.reshape(n_tok, -1).view(np.int8)
     return out
 
@@ -191,14 +202,15 @@ def _group_blocks(xq) -> None:
 
 @njit(cache=True, nogil=True)
 def _group_sums(xq, sums) -> None:
-    """sums[16g + lane] = minus lane `lane`'s sum over group g's four registers."""
+    """sums[SUM_LANES * g + lane] = minus lane `lane`'s sum over group g's registers (dwords
+    lane, lane + SUM_LANES, ... of the group)."""
     for g in range(xq.shape[0] // (GROUP * QK8)):
-        for lane in range(16):
+        for lane in range(SUM_LANES):
             total = 0
-            for k in range(4):
-                at = 256 * g + 64 * k + 4 * lane
+            for k in range(GROUP * QK8 // 4 // SUM_LANES):
+                at = GROUP * QK8 * g + 4 * (SUM_LANES * k + lane)
                 total += np.int32(xq[at]) + xq[at + 1] + xq[at + 2] + xq[at + 3]
-            sums[16 * g + lane] = -total
+            sums[SUM_LANES * g + lane] = -total
 
 
 @njit(cache=True, nogil=True)
@@ -246,7 +258,7 @@ def quantize_q8_0(x, xq, xd, xs, xf) -> None:
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
-        if GROUP:
+        if grouped(n_tok):
             _group_blocks(xq[t])
             _group_sums(xq[t], xs[t].view(np.int32))
 
@@ -260,7 +272,8 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
             d, qsum = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
             xs[t, b] = round_f16(d * np.float32(qsum))
-        _group_blocks(xq[t])
+        if grouped(n_tok):
+            _group_blocks(xq[t])
 
 
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)

@@ -10,6 +10,8 @@ VNNI's u8 x s8 product needs no sign trick:
 | quad    | 4      | (lo, hi) <64 x u8>: values 0..15 of each block in turn, then 16..31     |
 | oct     | 8      | four <64 x u8> in actquant's grouped order (register k, i32 lane l:     |
 |         |        | value dword GROUP_DWORDS[k][l // 8] of block l % 8)                     |
+| ymm     | 8      | the same as eight <32 x u8> (AVX2: register j, lane b: value dword      |
+|         |        | YMM_DWORDS[j] of block b)                                               |
 
 Layouts: Q8_0 d f16 | qs i8[32]; Q4_0 d | qs u8[16]; Q4_1 d | m f16 | qs; Q5_0 d | qh u32 |
 qs; Q5_1 d | m | qh | qs. A nibble format's low nibbles are values 0..15, high 16..31; qh bit
@@ -263,18 +265,94 @@ def _oct_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
+# ---- AVX2 oct decoders: (builder, 8 block ptrs) -> eight <32 x u8>, values + BIAS[format],
+# the grouped order read 32 bytes at a time: register j, i32 lane b holds value dword
+# YMM_DWORDS[j] of block b (see _Tile.oct_step_avx2)
+
+YMM_DWORDS = tuple(m for pair in GROUP_DWORDS for m in pair)
+
+
+def _dword_columns(builder, blks, offset):
+    """Dwords 0..3 at `offset` of 8 blocks -> four <8 x i32>, register m lane b = dword m of
+    block b: blocks b and b + 4 share a register's 128-bit halves, then a 4 x 4 transpose in
+    each half by unpacks."""
+    v4 = vec(_I32, 4)
+    rows = [shuffle(builder, load(builder, blks[b], offset, v4),
+                    load(builder, blks[b + 4], offset, v4), list(range(8))) for b in range(4)]
+    lo_dq, hi_dq = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    lo_qdq, hi_qdq = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    t0, t1 = (shuffle(builder, rows[0], rows[1], idx) for idx in (lo_dq, hi_dq))
+    t2, t3 = (shuffle(builder, rows[2], rows[3], idx) for idx in (lo_dq, hi_dq))
+    return [shuffle(builder, a, b, idx)
+            for a, b in ((t0, t2), (t1, t3)) for idx in (lo_qdq, hi_qdq)]
+
+
+def _ymm_nibbles(builder, blks, offset):
+    """Value dword m < 4: the low nibbles of qs dword m; m >= 4: the high nibbles of m - 4."""
+    v32 = vec(_I8, 32)
+    cols = [builder.bitcast(c, v32) for c in _dword_columns(builder, blks, offset)]
+    values = [builder.and_(c, splat(_I8, 32, 0x0F)) for c in cols]
+    values += [builder.lshr(c, splat(_I8, 32, 4)) for c in cols]
+    return [values[m] for m in YMM_DWORDS]
+
+
+def _ymm_high_bits(builder, blk0, block_bytes: int, offset: int):
+    """The 5th bits (qh: bit j for value j) as 16 or 0 in the eight registers: value dword
+    m's bits are qh bits 4m..4m+3, one shift for all lanes, spread to bytes and tested."""
+    qh = block_dwords(builder, blk0, block_bytes, offset)
+    regs = []
+    for m in YMM_DWORDS:
+        low = builder.bitcast(builder.lshr(qh, splat(_I32, 8, 4 * m)), vec(_I8, 32))
+        spread = shuffle(builder, low, low, [j // 4 * 4 for j in range(32)])
+        bit = builder.and_(spread, ir.Constant(vec(_I8, 32), [1, 2, 4, 8] * 8))
+        is_set = builder.icmp_unsigned("!=", bit, splat(_I8, 32, 0))
+        regs.append(builder.select(is_set, splat(_I8, 32, 16), splat(_I8, 32, 0)))
+    return regs
+
+
+def ymm_scales(builder, blk0, block_bytes: int):
+    """d (the f16 at byte 0) of 8 blocks as <8 x f32>."""
+    d = block_dwords(builder, blk0, block_bytes, 0)
+    return half_to_f32(builder, builder.trunc(d, vec(_I16, 8)))
+
+
+def _ymm_q8_0(builder, blks):
+    v32, flip = vec(_I8, 32), splat(_I8, 32, 0x80)
+    cols = _dword_columns(builder, blks, 2) + _dword_columns(builder, blks, 18)
+    return [builder.xor(builder.bitcast(cols[m], v32), flip) for m in YMM_DWORDS]
+
+
+def _ymm_q4_0(builder, blks):
+    return _ymm_nibbles(builder, blks, 2)
+
+
+def _ymm_q4_1(builder, blks):
+    return _ymm_nibbles(builder, blks, 4)
+
+
+def _ymm_q5_0(builder, blks):
+    nib, hb = _ymm_nibbles(builder, blks, 6), _ymm_high_bits(builder, blks[0], 22, 2)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
+
+
+def _ymm_q5_1(builder, blks):
+    nib, hb = _ymm_nibbles(builder, blks, 8), _ymm_high_bits(builder, blks[0], 24, 4)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
+
+
 def splat_value(builder, value, n: int):
     """A runtime scalar in all n lanes."""
     v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
     return shuffle(builder, v, v, [0] * n)
 
 
-# GGML type code -> (decoder, quad decoder, oct decoder, block bytes, bias added by the
-# decoders, has a minimum: the `_1` formats, which multiply Q8_1 activations)
+# GGML type code -> (decoder, quad decoder, oct decoder, AVX2 oct decoder, block bytes, bias
+# added by the decoders, largest decoded byte, has a minimum: the `_1` formats, which
+# multiply Q8_1 activations)
 BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, 34, 128, False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, 18, 8, False),
-    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, 20, 0, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, 22, 16, False),
-    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, 24, 0, True),
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, 34, 128, 255, False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, 18, 8, 15, False),
+    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, 20, 0, 15, True),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, 22, 16, 31, False),
+    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, 24, 0, 31, True),
 }

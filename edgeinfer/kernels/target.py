@@ -25,3 +25,12 @@ F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64",
 # 512-bit VNNI with byte/word ops: the legacy kernels' 8-block step and, to feed it, the
 # grouped activation layout of actquant (both switch on this one flag).
 AVX512_VNNI = {"avx512vnni", "avx512vl", "avx512bw"} <= CPU_FEATURES
+# The legacy kernels' integer block dot: vpdpbusd (AVX-VNNI / AVX512-VNNI, 32 u8*s8 products
+# into 8 i32 in one instruction); else vpmaddubsw + vpmaddwd (AVX2, llama.cpp's AVX2 path);
+# else portable IR (LLVM picks widening multiplies: NEON smull/sdot...).
+if "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
+    DOT_PATH = "vnni"
+elif "avx2" in CPU_FEATURES:
+    DOT_PATH = "avx2"
+else:
+    DOT_PATH = "generic"
