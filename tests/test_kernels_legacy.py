@@ -67,7 +67,8 @@ def seen_activations(qtype: T, xq, xd, xf) -> np.ndarray:
     """The activations as the kernel sees them, in float64."""
     if QUANT_FORMATS[qtype].act.name.startswith("q8"):
         n_tok, n_in = xq.shape
-        blocks = actquant.natural_order(xq).reshape(n_tok, -1, 32).astype(np.float64)
+        blocks = actquant.natural_order(xq, QUANT_FORMATS[qtype].act.name)
+        blocks = blocks.reshape(n_tok, -1, 32).astype(np.float64)
         blocks = blocks * xd[..., None]
         return blocks.reshape(n_tok, n_in)
     return xf.astype(np.float64)
@@ -230,52 +231,39 @@ def quantize_act(fmt, x):
         np.zeros((n_tok, n_in), np.float32),
     )
     fmt.quantize(x, *bufs)
-    return (actquant.natural_order(bufs[0]), *bufs[1:])
+    return (actquant.natural_order(bufs[0], fmt.name), *bufs[1:])
 
 
-@pytest.mark.skipif(not actquant.GROUP, reason="natural order on this CPU target")
+@pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)
 @pytest.mark.parametrize("n_in", [256, 608, 2048])
-def test_q8_grouped_layout(n_in: int) -> None:
+def test_q8_grouped_layout(fmt, n_in: int) -> None:
     """Whole groups of 8 blocks are stored as the 8-block step's registers: byte 64k + 4l + i
-    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8, and xs holds
-    minus each register lane's sum (as int32; dword d of a group is in lane d % SUM_LANES);
-    the rest of the row stays in natural order."""
+    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8, and Q8_0's xs
+    holds minus each lane's sum over the 4 registers (as int32); the rest of the row stays in
+    natural order."""
+    if not actquant.GROUPED[fmt.name]:
+        pytest.skip("natural order on this CPU target")
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, n_in)).astype(np.float32)
     grouped = np.zeros((2, n_in), np.int8)
     xd = np.zeros((2, n_in // 32), np.float32)
-    xs = np.zeros((2, n_in // actquant.GROUP_SUMS), np.float32)
-    actquant.Q8_0_ACT.quantize(x, grouped, xd, xs, np.zeros_like(x))
+    xs = np.zeros((2, n_in // (fmt.sum_block or 32)), np.float32)
+    fmt.quantize(x, grouped, xd, xs, np.zeros_like(x))
     blocks = x.reshape(2, -1, 32)
     inv = np.float32(127) / np.abs(blocks).max(-1)
     natural = np.rint(blocks * inv[..., None]).reshape(2, -1)  # llama.cpp's x86 rounding
-    sums, n_lanes = xs.view(np.int32), actquant.SUM_LANES
+    sums = xs.view(np.int32)
     for g in range(n_in // 256):
-        lane_sums = np.zeros(n_lanes)
+        lane_sums = np.zeros(16)
         for k, lane, i in np.ndindex(4, 16, 4):
             block = 8 * g + lane % 8
             value = natural[1, 32 * block + 4 * actquant.GROUP_DWORDS[k][lane // 8] + i]
             assert grouped[1, 256 * g + 64 * k + 4 * lane + i] == value
-            lane_sums[(16 * k + lane) % n_lanes] += value
-        np.testing.assert_array_equal(sums[1, n_lanes * g : n_lanes * (g + 1)], -lane_sums)
+            lane_sums[lane] += value
+        if fmt is actquant.Q8_0_ACT:
+            np.testing.assert_array_equal(sums[1, 16 * g : 16 * g + 16], -lane_sums)
     tail = n_in // 256 * 256
     np.testing.assert_array_equal(grouped[:, tail:], natural[:, tail:])
-
-
-@pytest.mark.parametrize("n_tok", [1, 2])
-def test_q8_layout_by_row_count(n_tok: int) -> None:
-    """A single row stays in natural order where its kernels keep llama.cpp's block order
-    (AVX2); more rows, or any row with AVX-512 VNNI, are grouped."""
-    x = np.random.default_rng(5).standard_normal((n_tok, 512)).astype(np.float32)
-    xq = np.zeros((n_tok, 512), np.int8)
-    bufs = (np.zeros((n_tok, 16), np.float32), np.zeros((n_tok, 512 // 16), np.float32),
-            np.zeros_like(x))
-    actquant.Q8_0_ACT.quantize(x, xq, *bufs)
-    blocks = x.reshape(n_tok, -1, 32)
-    natural = np.rint(blocks * (np.float32(127) / np.abs(blocks).max(-1))[..., None])
-    is_natural = np.array_equal(xq, natural.reshape(n_tok, -1))
-    assert is_natural == (not actquant.grouped(n_tok))
-    assert actquant.grouped(2) == bool(actquant.GROUP)
 
 
 @pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)

@@ -9,9 +9,9 @@ llama.cpp `vec_dot_type` (architectures.md §1.4).
 | q8_0   | per 32 values: xd = f16(amax/127), xq = rint(x * (127/amax)), ties to even      |
 | q8_1   | q8_0 plus xs = f16(d * sum(xq)) with d the unrounded f32 amax/127               |
 
-With AVX-512 VNNI, and with AVX2 for 2+ tokens, xq's whole runs of 8 blocks are stored in the
-order the legacy kernels' 8-block step multiplies them, and q8_0's xs holds their lane sums
-(GROUP, below).
+With AVX-512 VNNI (both formats) and AVX2 (q8_1 only), xq's whole runs of 8 blocks are stored
+in the order the legacy kernels' 8-block step multiplies them, and q8_0's xs holds their lane
+sums (GROUP, below).
 
 The rounding mirrors ggml's x86 `quantize_row_q8_0/q8_1` (ggml-cpu/arch/x86/quants.c), which
 multiplies by the f32 reciprocal 127/amax and rounds with `_mm256_round_ps(NEAREST)`; the
@@ -45,25 +45,19 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 # give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads
 # each as two 32-byte registers, lane l of each holding block l. Blocks past the last whole
 # group keep the natural order. `natural_order` undoes it. Q8_0 activations then also carry,
-# per group, minus the sum of each of its SUM_LANES register lanes (int32 in xs's bits): the
-# weights' bias correction (legacy: u = value + bias, so dot = sum(u * x) - bias * sum(x)),
-# taken once per input instead of once per tile of rows; on AVX2 lane l's sum is block l's.
-# On AVX2 a single row (one token) stays in natural order: its kernels keep llama.cpp's
-# block-by-block order there (legacy.YMM_STEPS).
+# per group, minus the sum of each of its 16 lanes over the four registers (int32 in xs's
+# bits): the weights' bias correction (legacy: u = value + bias, so dot = sum(u * x) -
+# bias * sum(x)), taken once per input instead of once per tile of rows.
+# On AVX2 only Q8_1 is grouped (the `_1` weight formats' 8-block step): Q8_0, Q4_0 and Q5_0
+# keep llama.cpp's own block-by-block order there and so its exact results (legacy.YMM_STEPS).
 GROUP = 8 if AVX512_VNNI or DOT_PATH == "avx2" else 0
-SUM_LANES = 16 if AVX512_VNNI else 8  # 32-bit lanes of the step's registers
-GROUP_SUMS = GROUP * QK8 // SUM_LANES if GROUP else 0  # values per xs entry of Q8_0 activations
+GROUPED = {"q8_0": AVX512_VNNI, "q8_1": GROUP != 0}  # activation formats stored grouped
+GROUP_SUMS = 16 if GROUPED["q8_0"] else 0  # values per xs entry of Q8_0 activations: 2 per block
 GROUP_DWORDS = ((0, 2), (1, 3), (4, 6), (5, 7))
 # source dword (8 * block + value dword) of each of a group's 64 dwords
 _GROUP_SOURCE = [
     8 * (lane % 8) + GROUP_DWORDS[k][lane // 8] for k in range(4) for lane in range(16)
 ]
-
-
-@njit(cache=True, nogil=True)
-def grouped(n_tok) -> bool:
-    """Whether activations of n_tok rows are stored in the grouped order."""
-    return GROUP != 0 and (n_tok > 1 or AVX512_VNNI)
 
 
 @intrinsic
@@ -178,10 +172,10 @@ def _regroup(typingctx, xq, i0):
     return types.none(xq, i0), codegen
 
 
-def natural_order(xq: np.ndarray) -> np.ndarray:
-    """A copy of (n_tok, n_in) quantized activations in natural value order."""
+def natural_order(xq: np.ndarray, fmt_name: str) -> np.ndarray:
+    """A copy of (n_tok, n_in) quantized activations of format fmt_name in natural order."""
     n_tok, n_in = xq.shape
-    if not grouped(n_tok):
+    if not GROUPED.get(fmt_name, False):
         return xq.copy()
     n_grouped = n_in // (GROUP * QK8) * GROUP * QK8
     out = xq.copy()
@@ -202,15 +196,14 @@ def _group_blocks(xq) -> None:
 
 @njit(cache=True, nogil=True)
 def _group_sums(xq, sums) -> None:
-    """sums[SUM_LANES * g + lane] = minus lane `lane`'s sum over group g's registers (dwords
-    lane, lane + SUM_LANES, ... of the group)."""
+    """sums[16g + lane] = minus lane `lane`'s sum over group g's four registers."""
     for g in range(xq.shape[0] // (GROUP * QK8)):
-        for lane in range(SUM_LANES):
+        for lane in range(16):
             total = 0
-            for k in range(GROUP * QK8 // 4 // SUM_LANES):
-                at = GROUP * QK8 * g + 4 * (SUM_LANES * k + lane)
+            for k in range(4):
+                at = 256 * g + 64 * k + 4 * lane
                 total += np.int32(xq[at]) + xq[at + 1] + xq[at + 2] + xq[at + 3]
-            sums[SUM_LANES * g + lane] = -total
+            sums[16 * g + lane] = -total
 
 
 @njit(cache=True, nogil=True)
@@ -251,14 +244,14 @@ def quantize_bf16(x, xq, xd, xs, xf) -> None:
 
 @njit(cache=True, nogil=True)
 def quantize_q8_0(x, xq, xd, xs, xf) -> None:
-    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16 (and where GROUP, the
+    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16 (and where grouped, the
     groups' lane sums in xs)."""
     n_tok, n_in = x.shape
     for t in range(n_tok):
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
-        if grouped(n_tok):
+        if GROUP_SUMS:
             _group_blocks(xq[t])
             _group_sums(xq[t], xs[t].view(np.int32))
 
@@ -272,8 +265,7 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
             d, qsum = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
             xs[t, b] = round_f16(d * np.float32(qsum))
-        if grouped(n_tok):
-            _group_blocks(xq[t])
+        _group_blocks(xq[t])
 
 
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)

@@ -13,9 +13,8 @@ the `_1` types add sum(m_w * s_x) separately. The block loop is hand-written LLV
 times the activations' block sum subtracted exactly), with AVX-512 eight blocks per step of
 the block loop, four vpdpbusd into the same lanes, on activations the quantizer stored in
 that step's register order (_Tile.oct_step, actquant.GROUP); else `vpmaddubsw` +
-`vpmaddwd` (AVX2) with llama.cpp's sign trick, batches and prompts eight blocks per step on
-the same grouped activations (_Tile.ymm_step), one token in llama.cpp's own block-by-block
-order; else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on every path. The weight blocks are
+`vpmaddwd` (AVX2) with llama.cpp's sign trick, for the `_1` formats eight blocks per step on
+the same grouped activations (_Tile.ymm_step); else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on every path. The weight blocks are
 decoded by legacy_blocks.py.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
@@ -83,12 +82,12 @@ _V8F = ir.VectorType(_F32, 8)
 BLOCKS_PER_STEP = 2 if AVX512_VNNI else 1
 QUAD_STEPS = BLOCKS_PER_STEP == 2
 OCT_STEPS = QUAD_STEPS and GROUP == 8  # actquant groups the activations on the same flag
-# AVX2 without VNNI: the same grouped activations, 8 blocks per step in 32-byte registers
-# (_Tile.ymm_step), then one block at a time; but only in tiles of 2+ tokens. One token
-# (the activations of a single row stay in natural order, actquant.GROUP) keeps llama.cpp's
-# AVX2 order, one FMA of 8 partial sums per block, and so its exact results: with the 8-block
-# step, SmolLM2 decodes 9% faster but gemma-3's logits moved by up to 1.2 from the previous
-# tree (activation roundings flip), enough to flip a flash-attention golden decode step.
+# AVX2 without VNNI: the `_1` formats (Q4_1, Q5_1) take 8 blocks per step from the same
+# grouped activations in 32-byte registers (_Tile.ymm_step), then one block at a time. The
+# others keep llama.cpp's AVX2 order, one FMA of 8 partial sums per block, and so its exact
+# results: with the 8-block step on Q5_0 and Q8_0 too, gemma-3's logits moved by up to 1.2
+# (activation roundings flip), enough to flip a flash-attention golden decode step. The `_1`
+# formats never matched llama.cpp exactly (it adds the minimums' sum apart, in scalar).
 YMM_STEPS = DOT_PATH == "avx2" and GROUP == 8
 
 
@@ -372,45 +371,34 @@ class _Tile:
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
     def ymm_step(self, builder, w_rows, ahead, toks, i, accs):
-        """Adds blocks i..i+7 (AVX2, grouped activations). Register j, lane b of weights and
-        activations holds value dword YMM_DWORDS[j] of block b, so lane b of every product
-        stays block b's. Nibble weights (u <= 15) add 8 vpmaddubsw's i16 pair sums before one
-        vpmaddwd (8 x 2 x 15 x 127 < 2^15; 5-bit weights 4), so one conversion, scale
-        product and FMA serve 256 products where the one-block step's served 32: 19 vector
-        ops per row x token for 8 blocks instead of 40. Q8_0's weights are signed (llama.cpp's
-        sign trick): a vpmaddwd per register. Rows outer, tokens inner, the activations
-        reloaded by each row (as oct_step)."""
+        """Adds blocks i..i+7 (AVX2, `_1` formats, grouped activations). Register j, lane b
+        of weights and activations holds value dword YMM_DWORDS[j] of block b, so lane b of
+        every product stays block b's. The unsigned weights (u <= 15) add 8 vpmaddubsw's i16
+        pair sums before one vpmaddwd (8 x 2 x 15 x 127 < 2^15; 5-bit weights 4), so one
+        conversion, scale product and FMA serve 256 products where the one-block step's
+        served 32: 19 vector ops per row x token for 8 blocks instead of 40. Rows outer,
+        tokens inner, the activations reloaded by each row (as oct_step)."""
         v32, vi = vec(_I8, 32), vec(_I32, 8)
-        signed = self.max_u > 127
-        per_sum = 1 if signed else 32767 // (2 * 127 * self.max_u)
+        per_sum = 32767 // (2 * 127 * self.max_u)
         ones = ir.Constant(vec(_I16, 16), [1] * 16)
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
                 _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
             regs = self.ymm(builder, blks)
-            if signed:
-                regs = [builder.sub(q, splat(_I8, 32, self.bias)) for q in regs]
             d_w = ymm_scales(builder, blks[0], self.block_bytes)
             at = _opaque(builder, i)
             x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
-            for t, (xq, xd, xs) in enumerate(toks):
-                xs_ = [load(builder, xq, builder.add(x_at, _I64(32 * j)), v32) for j in range(8)]
-                if signed:
-                    parts = [_dot_signed(builder, q, x, a_unsigned=False)
-                             for q, x in zip(regs, xs_)]
-                else:
-                    pairs = [_call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
-                             for q, x in zip(regs, xs_)]
-                    parts = [_call(builder, "llvm.x86.avx2.pmadd.wd", vi,
-                                   _tree_add(builder, pairs[k:k + per_sum]), ones)
-                             for k in range(0, 8, per_sum)]
-                isum = _tree_add(builder, parts)
-                if self.bias and not signed:  # the quantizer stored minus each block's sum
-                    corr = load(builder, xs, d_at, vi)
-                    isum = builder.add(isum, builder.mul(corr, ir.Constant(vi, [self.bias] * 8)))
+            for t, (xq, xd, _) in enumerate(toks):
+                x_regs = [load(builder, xq, builder.add(x_at, _I64(32 * j)), v32)
+                          for j in range(8)]
+                pairs = [_call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
+                         for q, x in zip(regs, x_regs)]
+                parts = [_call(builder, "llvm.x86.avx2.pmadd.wd", vi,
+                               _tree_add(builder, pairs[k:k + per_sum]), ones)
+                         for k in range(0, 8, per_sum)]
                 d_x = load(builder, xd, d_at, vec(_F32, 8))
-                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+                self._scale_add(builder, accs[r][t], _tree_add(builder, parts), d_w, d_x)
 
     def _add_mins(self, builder, w_rows, toks, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
@@ -470,7 +458,7 @@ class _Tile:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
                               accs)
             done = builder.mul(n_oct, _I64(8))
-        if YMM_STEPS and self.toks > 1:
+        if YMM_STEPS and self.has_min:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
                 self.ymm_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
@@ -548,10 +536,10 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and NEON have 16
 # vector registers (NEON needs 2 per accumulator): 2 rows, but 1 with AVX2's 8-block step,
 # whose 8 weight registers leave no room for 16 accumulators (8-token products 20-40%
-# faster). One row also keeps every multi-token tile at 2+ tokens (_chunk), as the grouped
-# activations of a batch need.
+# faster than with 2 rows).
 _WIDE_TILES = BLOCKS_PER_STEP == 2
-TILE_ROWS = dict.fromkeys(BLOCK_FORMATS, 3 if _WIDE_TILES else 1 if YMM_STEPS else 2)
+TILE_ROWS = {code: 3 if _WIDE_TILES else 1 if YMM_STEPS and fmt[-1] else 2
+             for code, fmt in BLOCK_FORMATS.items()}
 ROWS_PER_CHUNK = 16  # output rows per chunk, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
@@ -673,12 +661,21 @@ def matmul_float(w, xq, xd, xs, xf, out) -> None:
                     a2 += v * xf[t + 2, i]
                     a3 += v * xf[t + 3, i]
                 out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a0, a1, a2, a3
-        for t in range(n_quad * 4, n_tok):
-            for r in range(c * FLOAT_ROWS_PER_CHUNK, r_end):
-                acc = np.float32(0.0)
+        for t in range(n_quad * 4, n_tok):  # 4 rows at a time: the same loop shape as above,
+            # so LLVM splits each sum across the same lanes and a row's result does not
+            # depend on the batch (a plain one-row loop got wider interleaving on AVX2)
+            r_first = c * FLOAT_ROWS_PER_CHUNK
+            for r in range(r_first, r_end, 4):
+                r = max(min(r, r_end - 4), 0)
+                r1, r2, r3 = min(r + 1, n_out - 1), min(r + 2, n_out - 1), min(r + 3, n_out - 1)
+                a0 = a1 = a2 = a3 = np.float32(0.0)
                 for i in range(n_in):
-                    acc += _weight_to_f32(w[r, i]) * xf[t, i]
-                out[t, r] = acc
+                    x = xf[t, i]
+                    a0 += _weight_to_f32(w[r, i]) * x
+                    a1 += _weight_to_f32(w[r1, i]) * x
+                    a2 += _weight_to_f32(w[r2, i]) * x
+                    a3 += _weight_to_f32(w[r3, i]) * x
+                out[t, r], out[t, r1], out[t, r2], out[t, r3] = a0, a1, a2, a3
 
 
 # Every weight reaches its kernel as its raw (n_out, row_bytes) bytes (registry.py), so the

@@ -1,4 +1,4 @@
-"""Weight-block decoders of the legacy kernels (legacy.py) as LLVM IR, in three layouts.
+"""Weight-block decoders of the legacy kernels (legacy.py) as LLVM IR, in four layouts.
 
 Each builds, from the raw GGML blocks of one weight row, unsigned bytes u = value + BIAS of
 the format (bias 0 for the `_1` formats, whose values are already unsigned nibbles), so that
@@ -10,8 +10,8 @@ VNNI's u8 x s8 product needs no sign trick:
 | quad    | 4      | (lo, hi) <64 x u8>: values 0..15 of each block in turn, then 16..31     |
 | oct     | 8      | four <64 x u8> in actquant's grouped order (register k, i32 lane l:     |
 |         |        | value dword GROUP_DWORDS[k][l // 8] of block l % 8)                     |
-| ymm     | 8      | the same as eight <32 x u8> (AVX2: register j, lane b: value dword      |
-|         |        | YMM_DWORDS[j] of block b)                                               |
+| ymm     | 8      | the same as eight <32 x u8> (AVX2, `_1` formats: register j, lane b:    |
+|         |        | value dword YMM_DWORDS[j] of block b)                                   |
 
 Layouts: Q8_0 d f16 | qs i8[32]; Q4_0 d | qs u8[16]; Q4_1 d | m f16 | qs; Q5_0 d | qh u32 |
 qs; Q5_1 d | m | qh | qs. A nibble format's low nibbles are values 0..15, high 16..31; qh bit
@@ -265,9 +265,9 @@ def _oct_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
-# ---- AVX2 oct decoders: (builder, 8 block ptrs) -> eight <32 x u8>, values + BIAS[format],
-# the grouped order read 32 bytes at a time: register j, i32 lane b holds value dword
-# YMM_DWORDS[j] of block b (see _Tile.oct_step_avx2)
+# ---- AVX2 oct decoders of the `_1` formats: (builder, 8 block ptrs) -> eight <32 x u8>, the
+# grouped order read 32 bytes at a time: register j, i32 lane b holds value dword
+# YMM_DWORDS[j] of block b (see _Tile.ymm_step)
 
 YMM_DWORDS = tuple(m for pair in GROUP_DWORDS for m in pair)
 
@@ -316,23 +316,8 @@ def ymm_scales(builder, blk0, block_bytes: int):
     return half_to_f32(builder, builder.trunc(d, vec(_I16, 8)))
 
 
-def _ymm_q8_0(builder, blks):
-    v32, flip = vec(_I8, 32), splat(_I8, 32, 0x80)
-    cols = _dword_columns(builder, blks, 2) + _dword_columns(builder, blks, 18)
-    return [builder.xor(builder.bitcast(cols[m], v32), flip) for m in YMM_DWORDS]
-
-
-def _ymm_q4_0(builder, blks):
-    return _ymm_nibbles(builder, blks, 2)
-
-
 def _ymm_q4_1(builder, blks):
     return _ymm_nibbles(builder, blks, 4)
-
-
-def _ymm_q5_0(builder, blks):
-    nib, hb = _ymm_nibbles(builder, blks, 6), _ymm_high_bits(builder, blks[0], 22, 2)
-    return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
 def _ymm_q5_1(builder, blks):
@@ -350,9 +335,9 @@ def splat_value(builder, value, n: int):
 # added by the decoders, largest decoded byte, has a minimum: the `_1` formats, which
 # multiply Q8_1 activations)
 BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, 34, 128, 255, False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, 18, 8, 15, False),
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, None, 34, 128, 255, False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, None, 18, 8, 15, False),
     int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, 20, 0, 15, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, 22, 16, 31, False),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, None, 22, 16, 31, False),
     int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, 24, 0, 31, True),
 }
