@@ -311,9 +311,12 @@ def _ymm_high_bits(builder, blk0, block_bytes: int, offset: int):
 
 
 def ymm_scales(builder, blk0, block_bytes: int):
-    """d (the f16 at byte 0) of 8 blocks as <8 x f32>."""
-    d = block_dwords(builder, blk0, block_bytes, 0)
-    return half_to_f32(builder, builder.trunc(d, vec(_I16, 8)))
+    """(d, m) of 8 `_1` blocks (the f16s at bytes 0 and 2) as two <8 x f32>, from one
+    gather of their first dwords."""
+    dm = block_dwords(builder, blk0, block_bytes, 0)
+    d = half_to_f32(builder, builder.trunc(dm, vec(_I16, 8)))
+    m = half_to_f32(builder, builder.trunc(builder.lshr(dm, splat(_I32, 8, 16)), vec(_I16, 8)))
+    return d, m
 
 
 def _ymm_q4_1(builder, blks):
