@@ -8,7 +8,7 @@ every weight's kernel runs on them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -36,6 +36,10 @@ class Linear:
     def rows(self, start: int, stop: int, name: str) -> Linear:
         """A zero-copy view of output rows [start, stop): splits fused qkv / gate_up."""
         return Linear(name, self.fmt, self.weight[start:stop], stop - start, self.n_in)
+
+    def for_logits(self) -> Linear:
+        """The same weights with the output head's kernel (QuantFormat.logits)."""
+        return replace(self, fmt=self.fmt.for_logits)
 
 
 def _aligned_zeros(n: int, dtype, align: int = 64) -> np.ndarray:

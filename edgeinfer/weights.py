@@ -120,7 +120,7 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, arch: Arch) -> Weights:
     if embd_info is None:
         raise ld.missing("token_embd.weight")
     output_name = "output.weight" if ld.has("output.weight") else "token_embd.weight"
-    output = ld.linear(output_name, config.n_vocab)
+    output = ld.linear(output_name, config.n_vocab).for_logits()
     return Weights(
         token_embd=Embedding(embd_info.qtype, gguf.tensor("token_embd.weight")),
         output_norm=ld.vector("output_norm.weight"),

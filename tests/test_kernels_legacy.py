@@ -24,13 +24,23 @@ from edgeinfer.kernels.target import CPU_FEATURES
 from edgeinfer.linear import Linear
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
+# every kernel: each type's own, and its output-head variant where it has one (AVX2)
+KERNELS = [QUANT_FORMATS[t] for t in LEGACY] + [
+    QUANT_FORMATS[t].logits for t in LEGACY if QUANT_FORMATS[t].logits]
+QUANTIZED = [f for f in KERNELS if f.act.name.startswith("q8")]
+
+
+def kernel_id(fmt) -> str:
+    return fmt.qtype.name + ("-logits" if fmt is not QUANT_FORMATS[fmt.qtype] else "")
+
 # (n_out, n_in): tiles, chunks (16-18 rows: 40 makes a short chunk and a last tile moved
 # back), odd counts, and with AVX-512 VNNI the block loop's steps: 8-block groups with 2
 # blocks (576) or 4 + 0 (384) left, or none (1536), and rows too short for a group
 SHAPES = [(1, 32), (2, 32), (7, 96), (16, 576), (5, 384), (33, 1536), (40, 64)]
 N_TOK = [1, 3, 17, 64]
 # loose bound on ||out - W x|| / ||W x||: activation rounding only (weights are exact here)
-LOOSE = {"f32": 1e-6, "f16": 2e-3, "bf16": 1e-2, "q8_0": 2e-2, "q8_1": 2e-2}
+LOOSE = {"f32": 1e-6, "f16": 2e-3, "bf16": 1e-2, "q8_0": 2e-2, "q8_0_grouped": 2e-2,
+         "q8_1": 2e-2}
 MIN_OFFSET = {T.Q4_1: 2, T.Q5_1: 2}  # byte offset of the f16 block minimum m
 
 
@@ -52,9 +62,9 @@ def random_block_bytes(qtype: T, n_out: int, n_in: int, rng) -> np.ndarray:
     return raw.reshape(n_out, -1)
 
 
-def act_buffers(qtype: T, x: np.ndarray):
+def act_buffers(kernel, x: np.ndarray):
     n_tok, n_in = x.shape
-    fmt = QUANT_FORMATS[qtype].act
+    fmt = kernel.act
     xq = np.zeros((n_tok, n_in), np.int8)
     xd = np.zeros((n_tok, n_in // 32), np.float32)
     xs = np.zeros((n_tok, n_in // (fmt.sum_block or 32)), np.float32)
@@ -63,11 +73,11 @@ def act_buffers(qtype: T, x: np.ndarray):
     return xq, xd, xs, xf
 
 
-def seen_activations(qtype: T, xq, xd, xf) -> np.ndarray:
+def seen_activations(kernel, xq, xd, xf) -> np.ndarray:
     """The activations as the kernel sees them, in float64."""
-    if QUANT_FORMATS[qtype].act.name.startswith("q8"):
+    if kernel.act.name.startswith("q8"):
         n_tok, n_in = xq.shape
-        blocks = actquant.natural_order(xq, QUANT_FORMATS[qtype].act.name)
+        blocks = actquant.natural_order(xq, kernel.act.name)
         blocks = blocks.reshape(n_tok, -1, 32).astype(np.float64)
         blocks = blocks * xd[..., None]
         return blocks.reshape(n_tok, n_in)
@@ -89,17 +99,18 @@ def min_term_correction(qtype: T, raw: np.ndarray, x_seen, xs) -> np.ndarray:
     return (xs.astype(np.float64) - block_sums) @ m.T
 
 
-def run_kernel(qtype: T, w, x):
-    xq, xd, xs, xf = act_buffers(qtype, x)
+def run_kernel(kernel, w, x):
+    xq, xd, xs, xf = act_buffers(kernel, x)
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    QUANT_FORMATS[qtype].matmul(w, xq, xd, xs, xf, out)
+    kernel.matmul(w, xq, xd, xs, xf, out)
     return out, (xq, xd, xs, xf)
 
 
-def check_against_reference(qtype: T, w, raw, x, loose: bool = True) -> None:
-    out, (xq, xd, xs, xf) = run_kernel(qtype, w, x)
+def check_against_reference(kernel, w, raw, x, loose: bool = True) -> None:
+    qtype = kernel.qtype
+    out, (xq, xd, xs, xf) = run_kernel(kernel, w, x)
     w64 = dequantize(raw, qtype).astype(np.float64).reshape(w.shape[0], -1)
-    x_seen = seen_activations(qtype, xq, xd, xf)
+    x_seen = seen_activations(kernel, xq, xd, xf)
     tight_ref = x_seen @ w64.T + min_term_correction(qtype, raw, x_seen, xs)
     # f32 accumulation error scales with sum |w*x|, not with the (cancelling) result
     bound = 1e-5 * (np.abs(x_seen) @ np.abs(w64).T) + 1e-30
@@ -107,7 +118,7 @@ def check_against_reference(qtype: T, w, raw, x, loose: bool = True) -> None:
     if loose:
         exact = x.astype(np.float64) @ w64.T
         rel = np.linalg.norm(out - exact) / np.linalg.norm(exact)
-        assert rel < LOOSE[QUANT_FORMATS[qtype].act.name], rel
+        assert rel < LOOSE[kernel.act.name], rel
 
 
 def test_all_legacy_types_registered() -> None:
@@ -127,48 +138,48 @@ def test_all_legacy_types_registered() -> None:
 
 @pytest.mark.parametrize("n_tok", N_TOK)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
-def test_matmul_vs_dequantized_reference(qtype: T, shape, n_tok: int) -> None:
-    rng = np.random.default_rng([int(qtype), *shape, n_tok])
-    w, raw = make_weights(qtype, *shape, rng)
+@pytest.mark.parametrize("kernel", KERNELS, ids=kernel_id)
+def test_matmul_vs_dequantized_reference(kernel, shape, n_tok: int) -> None:
+    rng = np.random.default_rng([int(kernel.qtype), *shape, n_tok])
+    w, raw = make_weights(kernel.qtype, *shape, rng)
     x = rng.standard_normal((n_tok, shape[1]), dtype=np.float32)
-    check_against_reference(qtype, w, raw, x)
+    check_against_reference(kernel, w, raw, x)
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1], ids=lambda t: t.name)
-def test_matmul_arbitrary_block_bytes(qtype: T) -> None:
+@pytest.mark.parametrize("kernel", QUANTIZED, ids=kernel_id)
+def test_matmul_arbitrary_block_bytes(kernel) -> None:
     """Bit patterns gguf's quantizer never writes (Q8_0 -128, all-ones nibbles, ...)."""
-    rng = np.random.default_rng(int(qtype))
-    raw = random_block_bytes(qtype, 37, 1536, rng)
+    rng = np.random.default_rng(int(kernel.qtype))
+    raw = random_block_bytes(kernel.qtype, 37, 1536, rng)
     x = rng.standard_normal((5, 1536), dtype=np.float32) * 3
-    check_against_reference(qtype, raw, raw, x, loose=False)
+    check_against_reference(kernel, raw, raw, x, loose=False)
 
 
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
-def test_matmul_wider_activation_buffers(qtype: T) -> None:
+@pytest.mark.parametrize("kernel", KERNELS, ids=kernel_id)
+def test_matmul_wider_activation_buffers(kernel) -> None:
     """n_in comes from the weights: buffers sized for a wider layer (and their trailing
     columns, here garbage) are fine, as with one scratch space shared by all layers."""
     rng = np.random.default_rng(8)
-    w, _ = make_weights(qtype, 6, 96, rng)
+    w, _ = make_weights(kernel.qtype, 6, 96, rng)
     x = rng.standard_normal((5, 96), dtype=np.float32)
-    xq, xd, xs, xf = act_buffers(qtype, x)
+    xq, xd, xs, xf = act_buffers(kernel, x)
     wide = [np.concatenate([a, np.full_like(a, 99)], axis=1) for a in (xq, xd, xs, xf)]
     out, expect = np.zeros((5, 6), np.float32), np.zeros((5, 6), np.float32)
-    QUANT_FORMATS[qtype].matmul(w, xq, xd, xs, xf, expect)
-    QUANT_FORMATS[qtype].matmul(w, *wide, out)
+    kernel.matmul(w, xq, xd, xs, xf, expect)
+    kernel.matmul(w, *wide, out)
     np.testing.assert_array_equal(out, expect)
 
 
-@pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
-def test_matmul_read_only_weights_and_outliers(qtype: T) -> None:
+@pytest.mark.parametrize("kernel", KERNELS, ids=kernel_id)
+def test_matmul_read_only_weights_and_outliers(kernel) -> None:
     """GGUF tensors are read-only memory maps; activations have outlier channels."""
     rng = np.random.default_rng(7)
-    w, raw = make_weights(qtype, 9, 576, rng)
+    w, raw = make_weights(kernel.qtype, 9, 576, rng)
     w.setflags(write=False)
     x = rng.standard_normal((2, 576), dtype=np.float32)
     x[:, 5] = 300.0
     x[1, 32:64] = 0.0  # an all-zero block: d = 0
-    check_against_reference(qtype, w, raw, x, loose=False)
+    check_against_reference(kernel, w, raw, x, loose=False)
 
 
 @pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
@@ -178,11 +189,11 @@ def test_half_weights_reach_the_kernel_as_their_bytes(qtype: T) -> None:
     rng = np.random.default_rng(9)
     w, _ = make_weights(qtype, 5, 64, rng)
     x = rng.standard_normal((3, 64), dtype=np.float32)
-    expect, _ = run_kernel(qtype, w, x)
+    expect, _ = run_kernel(QUANT_FORMATS[qtype], w, x)
     for alt in (w, w.view(np.uint16), w.view(np.float16)):
         lin = Linear.from_tensor("w", qtype, alt, (5, 64))
         assert lin.weight.dtype == np.uint8 and np.shares_memory(lin.weight, w)
-        out, _ = run_kernel(qtype, lin.weight, x)
+        out, _ = run_kernel(lin.fmt, lin.weight, x)
         np.testing.assert_array_equal(out, expect)
 
 
@@ -234,13 +245,17 @@ def quantize_act(fmt, x):
     return (actquant.natural_order(bufs[0], fmt.name), *bufs[1:])
 
 
-@pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)
+Q8_FORMATS = [actquant.Q8_0_ACT, actquant.Q8_0_GROUPED_ACT, actquant.Q8_1_ACT]
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("n_in", [256, 608, 2048])
 def test_q8_grouped_layout(fmt, n_in: int) -> None:
     """Whole groups of 8 blocks are stored as the 8-block step's registers: byte 64k + 4l + i
-    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8, and Q8_0's xs
-    holds minus each lane's sum over the 4 registers (as int32); the rest of the row stays in
-    natural order."""
+    of a group is value 4 * GROUP_DWORDS[k][l // 8] + i of its block l % 8, and grouped
+    Q8_0's xs holds minus each register lane's sum (as int32; dword d of a group is in lane
+    d % SUM_LANES: 16 lanes of zmm registers, or 8 of ymm, one block each); the rest of the
+    row stays in natural order."""
     if not actquant.GROUPED[fmt.name]:
         pytest.skip("natural order on this CPU target")
     rng = np.random.default_rng(4)
@@ -252,21 +267,21 @@ def test_q8_grouped_layout(fmt, n_in: int) -> None:
     blocks = x.reshape(2, -1, 32)
     inv = np.float32(127) / np.abs(blocks).max(-1)
     natural = np.rint(blocks * inv[..., None]).reshape(2, -1)  # llama.cpp's x86 rounding
-    sums = xs.view(np.int32)
+    sums, n_lanes = xs.view(np.int32), actquant.SUM_LANES
     for g in range(n_in // 256):
-        lane_sums = np.zeros(16)
+        lane_sums = np.zeros(n_lanes)
         for k, lane, i in np.ndindex(4, 16, 4):
             block = 8 * g + lane % 8
             value = natural[1, 32 * block + 4 * actquant.GROUP_DWORDS[k][lane // 8] + i]
             assert grouped[1, 256 * g + 64 * k + 4 * lane + i] == value
-            lane_sums[lane] += value
-        if fmt is actquant.Q8_0_ACT:
-            np.testing.assert_array_equal(sums[1, 16 * g : 16 * g + 16], -lane_sums)
+            lane_sums[(16 * k + lane) % n_lanes] += value
+        if fmt.name != "q8_1":
+            np.testing.assert_array_equal(sums[1, n_lanes * g : n_lanes * (g + 1)], -lane_sums)
     tail = n_in // 256 * 256
     np.testing.assert_array_equal(grouped[:, tail:], natural[:, tail:])
 
 
-@pytest.mark.parametrize("fmt", [actquant.Q8_0_ACT, actquant.Q8_1_ACT], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", Q8_FORMATS, ids=lambda f: f.name)
 def test_q8_matches_llama_x86_rounding(fmt) -> None:
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((3, 1536)) * rng.uniform(0.01, 100, (3, 1))).astype(np.float32)

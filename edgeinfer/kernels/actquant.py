@@ -9,9 +9,9 @@ llama.cpp `vec_dot_type` (architectures.md §1.4).
 | q8_0   | per 32 values: xd = f16(amax/127), xq = rint(x * (127/amax)), ties to even      |
 | q8_1   | q8_0 plus xs = f16(d * sum(xq)) with d the unrounded f32 amax/127               |
 
-With AVX-512 VNNI (both formats) and AVX2 (q8_1 only), xq's whole runs of 8 blocks are stored
-in the order the legacy kernels' 8-block step multiplies them, and q8_0's xs holds their lane
-sums (GROUP, below).
+With AVX-512 VNNI (both formats) and AVX2 (q8_1, and q8_0_grouped: the output head's format
+there), xq's whole runs of 8 blocks are stored in the order the legacy kernels' 8-block step
+multiplies them, and grouped q8_0's xs holds their lane sums (GROUP, below).
 
 The rounding mirrors ggml's x86 `quantize_row_q8_0/q8_1` (ggml-cpu/arch/x86/quants.c), which
 multiplies by the f32 reciprocal 127/amax and rounds with `_mm256_round_ps(NEAREST)`; the
@@ -44,15 +44,19 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 # (values 4m..4m+3) of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles
 # give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads
 # each as two 32-byte registers, lane l of each holding block l. Blocks past the last whole
-# group keep the natural order. `natural_order` undoes it. Q8_0 activations then also carry,
-# per group, minus the sum of each of its 16 lanes over the four registers (int32 in xs's
+# group keep the natural order. `natural_order` undoes it. Grouped Q8_0 activations also
+# carry, per group, minus the sum of each of its SUM_LANES register lanes (int32 in xs's
 # bits): the weights' bias correction (legacy: u = value + bias, so dot = sum(u * x) -
-# bias * sum(x)), taken once per input instead of once per tile of rows.
-# On AVX2 only Q8_1 is grouped (the `_1` weight formats' 8-block step): Q8_0, Q4_0 and Q5_0
-# keep llama.cpp's own block-by-block order there and so its exact results (legacy.YMM_STEPS).
+# bias * sum(x)), taken once per input instead of once per tile of rows; on AVX2 lane l's
+# sum is block l's. On AVX2 the layers' Q8_0 activations stay in natural order: Q8_0, Q4_0
+# and Q5_0 keep llama.cpp's own block-by-block order there, and so its exact results
+# (legacy.YMM_STEPS); only their output-head kernels take the 8-block step.
 GROUP = 8 if AVX512_VNNI or DOT_PATH == "avx2" else 0
-GROUPED = {"q8_0": AVX512_VNNI, "q8_1": GROUP != 0}  # activation formats stored grouped
-GROUP_SUMS = 16 if GROUPED["q8_0"] else 0  # values per xs entry of Q8_0 activations: 2 per block
+# activation formats stored grouped
+GROUPED = {"q8_0": AVX512_VNNI, "q8_0_grouped": GROUP != 0, "q8_1": GROUP != 0}
+SUM_LANES = 16 if AVX512_VNNI else 8  # 32-bit lanes of the 8-block step's registers
+GROUP_SUMS = GROUP * QK8 // SUM_LANES if GROUP else 0  # values per xs entry of grouped Q8_0
+_Q8_0_GROUPED = GROUPED["q8_0"]  # numba reads bools, not dicts, as compile-time constants
 GROUP_DWORDS = ((0, 2), (1, 3), (4, 6), (5, 7))
 # source dword (8 * block + value dword) of each of a group's 64 dwords
 _GROUP_SOURCE = [
@@ -196,14 +200,15 @@ def _group_blocks(xq) -> None:
 
 @njit(cache=True, nogil=True)
 def _group_sums(xq, sums) -> None:
-    """sums[16g + lane] = minus lane `lane`'s sum over group g's four registers."""
+    """sums[SUM_LANES * g + lane] = minus lane `lane`'s sum over group g's registers (dwords
+    lane, lane + SUM_LANES, ... of the group)."""
     for g in range(xq.shape[0] // (GROUP * QK8)):
-        for lane in range(16):
+        for lane in range(SUM_LANES):
             total = 0
-            for k in range(4):
-                at = 256 * g + 64 * k + 4 * lane
+            for k in range(GROUP * QK8 // 4 // SUM_LANES):
+                at = GROUP * QK8 * g + 4 * (SUM_LANES * k + lane)
                 total += np.int32(xq[at]) + xq[at + 1] + xq[at + 2] + xq[at + 3]
-            sums[16 * g + lane] = -total
+            sums[SUM_LANES * g + lane] = -total
 
 
 @njit(cache=True, nogil=True)
@@ -243,17 +248,28 @@ def quantize_bf16(x, xq, xd, xs, xf) -> None:
 
 
 @njit(cache=True, nogil=True)
-def quantize_q8_0(x, xq, xd, xs, xf) -> None:
-    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16 (and where grouped, the
-    groups' lane sums in xs)."""
+def _quantize_q8_0(x, xq, xd, xs, grouped) -> None:
     n_tok, n_in = x.shape
     for t in range(n_tok):
         for b in range(n_in // QK8):
             d, _ = _quantize_block_q8(x[t], b * QK8, xq[t])
             xd[t, b] = round_f16(d)
-        if GROUP_SUMS:
+        if grouped:
             _group_blocks(xq[t])
             _group_sums(xq[t], xs[t].view(np.int32))
+
+
+@njit(cache=True, nogil=True)
+def quantize_q8_0(x, xq, xd, xs, xf) -> None:
+    """Q8_0 activations: xq int8, xd = per-block scale rounded to f16 (and where grouped, the
+    groups' lane sums in xs)."""
+    _quantize_q8_0(x, xq, xd, xs, _Q8_0_GROUPED)
+
+
+@njit(cache=True, nogil=True)
+def quantize_q8_0_grouped(x, xq, xd, xs, xf) -> None:
+    """Q8_0 activations in the grouped order, with their lane sums (where GROUP)."""
+    _quantize_q8_0(x, xq, xd, xs, GROUP != 0)
 
 
 @njit(cache=True, nogil=True)
@@ -271,5 +287,6 @@ def quantize_q8_1(x, xq, xd, xs, xf) -> None:
 F32_ACT = ActFormat("f32", 1, 0, quantize_f32)
 F16_ACT = ActFormat("f16", 1, 0, quantize_f16)
 BF16_ACT = ActFormat("bf16", 1, 0, quantize_bf16)
-Q8_0_ACT = ActFormat("q8_0", QK8, GROUP_SUMS, quantize_q8_0)
+Q8_0_ACT = ActFormat("q8_0", QK8, GROUP_SUMS if GROUPED["q8_0"] else 0, quantize_q8_0)
+Q8_0_GROUPED_ACT = ActFormat("q8_0_grouped", QK8, GROUP_SUMS, quantize_q8_0_grouped)
 Q8_1_ACT = ActFormat("q8_1", QK8, QK8, quantize_q8_1)

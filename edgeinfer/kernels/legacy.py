@@ -13,21 +13,22 @@ the `_1` types add sum(m_w * s_x) separately. The block loop is hand-written LLV
 times the activations' block sum subtracted exactly), with AVX-512 eight blocks per step of
 the block loop, four vpdpbusd into the same lanes, on activations the quantizer stored in
 that step's register order (_Tile.oct_step, actquant.GROUP); else `vpmaddubsw` +
-`vpmaddwd` (AVX2) with llama.cpp's sign trick, for the `_1` formats eight blocks per step on
-the same grouped activations (_Tile.ymm_step); else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are exact on every path. The weight blocks are
-decoded by legacy_blocks.py.
+`vpmaddwd` (AVX2) with llama.cpp's sign trick, for the `_1` formats (and the other formats'
+output-head kernels, LOGITS) eight blocks per step on the same grouped activations
+(_Tile.ymm_step); else portable IR (NEON, NUMBA_CPU_NAME=generic). The integer sums are
+exact on every path. The weight blocks are decoded by legacy_blocks.py.
 
 Float types accumulate in f32 like ggml_vec_dot_f16/bf16/f32 on x86; 'reassoc' lets LLVM
 split the sum across SIMD lanes as ggml does, 'contract' lets it use FMA.
 
-Tiling: one intrinsic call computes a register tile of 1 to 3 rows (TILE_ROWS) x 8 tokens
+Tiling: one intrinsic call computes a register tile of 1 to 3 rows (_tile_rows) x 8 tokens
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the accumulators stay in
-registers (or, on AVX2, in L1) for the whole row; at the end all of a tile's accumulators are summed across
-their lanes together (_hsums). Parallelism: chunks of about ROWS_PER_CHUNK rows, whose
-weights stay in L1 while the tokens stream past; each thread runs a contiguous share of them,
-then helps with the others' (schedule.py); products under SERIAL_WORK run on the calling
-thread.
+registers (or, on AVX2's 2-row tiles, in L1) for the whole row; at the end all of a tile's
+accumulators are summed across their lanes together (_hsums). Parallelism: chunks of about
+ROWS_PER_CHUNK rows, whose weights stay in L1 while the tokens stream past; each thread runs
+a contiguous share of them, then helps with the others' (schedule.py); products under
+SERIAL_WORK run on the calling thread.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from edgeinfer.kernels.actquant import (
     F32_ACT,
     GROUP,
     Q8_0_ACT,
+    Q8_0_GROUPED_ACT,
     Q8_1_ACT,
 )
 from edgeinfer.kernels.f16 import half_to_f32
@@ -88,7 +90,19 @@ OCT_STEPS = QUAD_STEPS and GROUP == 8  # actquant groups the activations on the 
 # results: with the 8-block step on Q5_0 and Q8_0 too, gemma-3's logits moved by up to 1.2
 # (activation roundings flip), enough to flip a flash-attention golden decode step. The `_1`
 # formats never matched llama.cpp exactly (it adds the minimums' sum apart, in scalar).
+# The output head is the exception: no later rounding depends on the logits, which another
+# order moves by ulps, so its kernels (code + LOGITS) take the 8-block step on every format
+# (an 8-token Q8_0 product 1.3-1.4x faster, Q5_0 1.5x, Q4_0 1.7x).
 YMM_STEPS = DOT_PATH == "avx2" and GROUP == 8
+LOGITS = 1 << 8  # a kernel code: its GGML type, plus LOGITS for the output head's variant
+
+
+def _block_format(code: int) -> tuple:
+    """The BLOCK_FORMATS entry of a kernel code, without the AVX2 8-block decoder where the
+    kernel keeps llama.cpp's block order."""
+    decode, quad, oct_, ymm, *rest = BLOCK_FORMATS[code & (LOGITS - 1)]
+    has_min = rest[-1]
+    return (decode, quad, oct_, ymm if has_min or code & LOGITS else None, *rest)
 
 
 def _call(builder, name: str, ret: ir.Type, *args):
@@ -382,29 +396,41 @@ class _Tile:
         with _add_mins (in one process, alternating). Rows outer, tokens inner, the
         activations reloaded by each row (as oct_step)."""
         v32, vi = vec(_I8, 32), vec(_I32, 8)
-        per_sum = 32767 // (2 * 127 * self.max_u)
+        signed = self.max_u > 127  # Q8_0: llama.cpp's sign trick, a vpmaddwd per register
+        per_sum = 1 if signed else 32767 // (2 * 127 * self.max_u)
         ones = ir.Constant(vec(_I16, 16), [1] * 16)
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
                 _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
             regs = self.ymm(builder, blks)
+            if signed:
+                regs = [builder.sub(q, splat(_I8, 32, self.bias)) for q in regs]
             d_w, m_w = ymm_scales(builder, blks[0], self.block_bytes)
             at = _opaque(builder, i)
             x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
             for t, (xq, xd, xs) in enumerate(toks):
                 x_regs = [load(builder, xq, builder.add(x_at, _I64(32 * j)), v32)
                           for j in range(8)]
-                pairs = [_call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
-                         for q, x in zip(regs, x_regs)]
-                parts = [_call(builder, "llvm.x86.avx2.pmadd.wd", vi,
-                               _tree_add(builder, pairs[k:k + per_sum]), ones)
-                         for k in range(0, 8, per_sum)]
+                if signed:
+                    parts = [_dot_signed(builder, q, x, a_unsigned=False)
+                             for q, x in zip(regs, x_regs)]
+                else:
+                    pairs = [_call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
+                             for q, x in zip(regs, x_regs)]
+                    parts = [_call(builder, "llvm.x86.avx2.pmadd.wd", vi,
+                                   _tree_add(builder, pairs[k:k + per_sum]), ones)
+                             for k in range(0, 8, per_sum)]
+                isum = _tree_add(builder, parts)
+                if self.bias and not signed:  # the quantizer stored minus each block's sum
+                    corr = load(builder, xs, d_at, vi)
+                    isum = builder.add(isum, builder.mul(corr, ir.Constant(vi, [self.bias] * 8)))
                 d_x = load(builder, xd, d_at, vec(_F32, 8))
-                self._scale_add(builder, accs[r][t], _tree_add(builder, parts), d_w, d_x)
-                s_x = load(builder, xs, d_at, vec(_F32, 8))  # the minimums' term, in place
-                acc = accs[r][t]
-                builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
+                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+                if self.has_min:  # the minimums' term, in place
+                    s_x = load(builder, xs, d_at, vec(_F32, 8))
+                    acc = accs[r][t]
+                    builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _add_mins(self, builder, w_rows, toks, start, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
@@ -466,7 +492,7 @@ class _Tile:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
                               accs)
             done = builder.mul(n_oct, _I64(8))
-        if YMM_STEPS and self.has_min:
+        if YMM_STEPS and self.ymm is not None:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
                 self.ymm_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
@@ -520,7 +546,7 @@ PREFETCH_ROWS = 4
 def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
     """(code, rows, toks, w, r0, xq, xd, xs, t0, out): writes out[t0:t0+toks, r0:r0+rows].
     code (a GGML type), rows and toks must be compile-time constants."""
-    fmt, n_rows, n_toks = BLOCK_FORMATS[_literal_int(code)], _literal_int(rows), _literal_int(toks)
+    fmt, n_rows, n_toks = _block_format(_literal_int(code)), _literal_int(rows), _literal_int(toks)
     ok = (
         _is_2d(w, types.uint8)
         and _is_2d(xq, types.int8)
@@ -546,8 +572,15 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # whose 8 weight registers leave no room for 16 accumulators (8-token products 20-40%
 # faster than with 2 rows).
 _WIDE_TILES = BLOCKS_PER_STEP == 2
-TILE_ROWS = {code: 3 if _WIDE_TILES else 1 if YMM_STEPS and fmt[-1] else 2
-             for code, fmt in BLOCK_FORMATS.items()}
+
+
+def _tile_rows(code: int) -> int:
+    """Register tile rows of a kernel code."""
+    if _WIDE_TILES:
+        return 3
+    return 1 if YMM_STEPS and _block_format(code)[3] is not None else 2
+
+
 ROWS_PER_CHUNK = 16  # output rows per chunk, rounded up to whole tiles: stays in L1
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
 # costs a few us, more than it saves on a small matrix (a 64 KB matvec takes ~8 us).
@@ -596,10 +629,12 @@ def _chunk(code, rows, w, xq, xd, xs, out, c) -> None:
         _chunk_tokens(code, rows, 1, w, xq, xd, xs, out, r0, r1)
 
 
-def _make_matmul(qtype: T):
-    """The kernel for one type. Its closure holds only the int `code` (numba's on-disk cache
-    pickles closure cells; a pickled dispatcher or intrinsic differs between processes)."""
-    code, rows = int(qtype), TILE_ROWS[int(qtype)]
+def _make_matmul(qtype: T, logits: bool = False):
+    """The kernel for one type (logits: its output-head variant). Its closure holds only the
+    ints `code` and `rows` (numba's on-disk cache pickles closure cells; a pickled dispatcher
+    or intrinsic differs between processes)."""
+    code = int(qtype) | (LOGITS if logits else 0)
+    rows = _tile_rows(code)
 
     def matmul(w, xq, xd, xs, xf, out) -> None:  # xf unused: uniform kernel signature
         n_tok, n_out = out.shape
@@ -615,7 +650,8 @@ def _make_matmul(qtype: T):
                     _chunk(code, rows, w, xq, xd, xs, out, c)
                     c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
 
-    matmul.__name__ = matmul.__qualname__ = f"matmul_{qtype.name.lower()}"
+    name = f"matmul_{qtype.name.lower()}" + ("_logits" if logits else "")
+    matmul.__name__ = matmul.__qualname__ = name
     return njit(parallel=True, cache=True, nogil=True)(matmul)
 
 
@@ -624,6 +660,11 @@ matmul_q4_0 = _make_matmul(T.Q4_0)
 matmul_q4_1 = _make_matmul(T.Q4_1)
 matmul_q5_0 = _make_matmul(T.Q5_0)
 matmul_q5_1 = _make_matmul(T.Q5_1)
+# the output head's kernels, where they differ (AVX2): the 8-block step on grouped activations
+LOGITS_KERNELS = {
+    qtype: (Q8_0_GROUPED_ACT, _make_matmul(qtype, logits=True))
+    for qtype in (T.Q8_0, T.Q4_0, T.Q5_0) if YMM_STEPS
+}
 
 
 # ---- float weights
@@ -709,8 +750,8 @@ def matmul_bf16(w, xq, xd, xs, xf, out) -> None:
 register(T.F32, F32_ACT, matmul_f32)
 register(T.F16, F16_ACT, matmul_f16)
 register(T.BF16, BF16_ACT, matmul_bf16)
-register(T.Q8_0, Q8_0_ACT, matmul_q8_0)
-register(T.Q4_0, Q8_0_ACT, matmul_q4_0)
+register(T.Q8_0, Q8_0_ACT, matmul_q8_0, LOGITS_KERNELS.get(T.Q8_0))
+register(T.Q4_0, Q8_0_ACT, matmul_q4_0, LOGITS_KERNELS.get(T.Q4_0))
 register(T.Q4_1, Q8_1_ACT, matmul_q4_1)
-register(T.Q5_0, Q8_0_ACT, matmul_q5_0)
+register(T.Q5_0, Q8_0_ACT, matmul_q5_0, LOGITS_KERNELS.get(T.Q5_0))
 register(T.Q5_1, Q8_1_ACT, matmul_q5_1)

@@ -319,8 +319,23 @@ def ymm_scales(builder, blk0, block_bytes: int):
     return d, m
 
 
+def _ymm_q8_0(builder, blks):
+    v32, flip = vec(_I8, 32), splat(_I8, 32, 0x80)
+    cols = _dword_columns(builder, blks, 2) + _dword_columns(builder, blks, 18)
+    return [builder.xor(builder.bitcast(cols[m], v32), flip) for m in YMM_DWORDS]
+
+
+def _ymm_q4_0(builder, blks):
+    return _ymm_nibbles(builder, blks, 2)
+
+
 def _ymm_q4_1(builder, blks):
     return _ymm_nibbles(builder, blks, 4)
+
+
+def _ymm_q5_0(builder, blks):
+    nib, hb = _ymm_nibbles(builder, blks, 6), _ymm_high_bits(builder, blks[0], 22, 2)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
 def _ymm_q5_1(builder, blks):
@@ -338,9 +353,9 @@ def splat_value(builder, value, n: int):
 # added by the decoders, largest decoded byte, has a minimum: the `_1` formats, which
 # multiply Q8_1 activations)
 BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, None, 34, 128, 255, False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, None, 18, 8, 15, False),
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, 34, 128, 255, False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, 18, 8, 15, False),
     int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, 20, 0, 15, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, None, 22, 16, 31, False),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, 22, 16, 31, False),
     int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, 24, 0, 31, True),
 }

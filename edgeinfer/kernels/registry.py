@@ -13,9 +13,9 @@ Uniform kernel signature, so dispatch is one dict lookup:
         xq  (n_tok, n_in)      int8    quantized activations (Q8_0 / Q8_1 / Q8_K formats)
         xd  (n_tok, n_in//32)  f32     Q8_0/Q8_1 block scales; Q8_K: (n_tok, n_in//256)
         xs  (n_tok, n_in//32)  f32     Q8_1: d*sum(q) per block; Q8_K: (n_tok, n_in//16) bsums,
-                                       int32 values in the f32 buffer's bits; Q8_0 with
-                                       AVX-512 VNNI: (n_tok, n_in//16) int32 lane sums
-                                       (actquant.GROUP_SUMS)
+                                       int32 values in the f32 buffer's bits; grouped Q8_0
+                                       (AVX-512 VNNI; AVX2's logits format): int32 lane sums,
+                                       (n_tok, n_in//16) or (n_tok, n_in//32) (GROUP_SUMS)
         xf  (n_tok, n_in)      f32     activations for float weight types (rounded to the
                                        weight's float type where llama.cpp rounds them)
         out (n_tok, n_out)     f32     written, never allocated
@@ -50,6 +50,15 @@ class QuantFormat:
     qtype: GGMLQuantizationType
     act: ActFormat
     matmul: Callable
+    # The output head's format, where it differs: a kernel that sums the blocks in another
+    # order than llama.cpp's, faster, for a product whose results no later rounding depends
+    # on (the logits). Inside the layers a changed rounding flips activation roundings
+    # downstream and moves logits by up to ~1 on gemma-3; in the head it moves them by ulps.
+    logits: QuantFormat | None = None
+
+    @property
+    def for_logits(self) -> QuantFormat:
+        return self.logits or self
 
     @property
     def block_size(self) -> int:
@@ -63,8 +72,11 @@ class QuantFormat:
 QUANT_FORMATS: dict[GGMLQuantizationType, QuantFormat] = {}
 
 
-def register(qtype: GGMLQuantizationType, act: ActFormat, matmul: Callable) -> None:
-    QUANT_FORMATS[qtype] = QuantFormat(qtype, act, matmul)
+def register(qtype: GGMLQuantizationType, act: ActFormat, matmul: Callable,
+             logits: tuple[ActFormat, Callable] | None = None) -> None:
+    """The type's format; `logits`: (activation format, kernel) of its output-head variant."""
+    head = QuantFormat(qtype, *logits) if logits else None
+    QUANT_FORMATS[qtype] = QuantFormat(qtype, act, matmul, head)
 
 
 def quant_format(qtype: GGMLQuantizationType | int, tensor_name: str = "?") -> QuantFormat:
