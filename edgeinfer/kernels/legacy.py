@@ -290,6 +290,12 @@ class _Tile:
         if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
             q = builder.sub(q, splat(_I8, 32 * nb, self.bias))
         d = _repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 8)
+        if DOT_PATH == "avx2" and self.toks > 1:  # opaque: else LLVM folds splat(d_w) *
+            # splat(d_x) to a scalar product and a broadcast per row x token; one vector
+            # product with d_x broadcast from memory is one ALU op fewer (the same f32
+            # product: llama.cpp's exact results). One token has nothing to share: there the
+            # opaque value cost Q8_0 matvecs 10-15%
+            d = _opaque(builder, d, "=x,0")
         return q, d
 
     def _dot(self, builder, q, x, corr):
