@@ -391,16 +391,18 @@ class _Tile:
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
     def ymm_step(self, builder, w_rows, ahead, toks, i, accs):
-        """Adds blocks i..i+7 (AVX2, `_1` formats, grouped activations). Register j, lane b
-        of weights and activations holds value dword YMM_DWORDS[j] of block b, so lane b of
-        every product stays block b's. The unsigned weights (u <= 15) add 8 vpmaddubsw's i16
-        pair sums before one vpmaddwd (8 x 2 x 15 x 127 < 2^15; 5-bit weights 4), so one
-        conversion, scale product and FMA serve 256 products where the one-block step's
-        served 32: 19 vector ops per row x token for 8 blocks instead of 40. The minimums'
-        term m_w * s_x of the 8 blocks is one more FMA here (their lanes match), m_w from the
-        same gather as d_w: Q4_1 products 5-11% faster at 8 tokens and 14-22% at one than
-        with _add_mins (in one process, alternating). Rows outer, tokens inner, the
-        activations reloaded by each row (as oct_step)."""
+        """Adds blocks i..i+7 (AVX2: the `_1` formats, and the others' output head; grouped
+        activations). Register j, lane b of weights and activations holds value dword
+        YMM_DWORDS[j] of block b, so lane b of every product stays block b's. The unsigned
+        weights (u <= 15) add 8 vpmaddubsw's i16 pair sums before one vpmaddwd (8 x 2 x 15 x
+        127 < 2^15; 5-bit weights 4), so one conversion, scale product and FMA serve 256
+        products where the one-block step's served 32: 19 vector ops per row x token for 8
+        blocks instead of 40. Q4_0 / Q5_0 weights are biased (u = value + bias) and corrected
+        by the block sums the quantizer stored; Q8_0 takes the sign trick, a vpmaddwd per
+        register. The minimums' term m_w * s_x of the 8 blocks is one more FMA here (their
+        lanes match), m_w from the same gather as d_w: Q4_1 products 5-11% faster at 8 tokens
+        and 14-22% at one than with _add_mins (in one process, alternating). Rows outer,
+        tokens inner, the activations reloaded by each row (as oct_step)."""
         v32, vi = vec(_I8, 32), vec(_I32, 8)
         signed = self.max_u > 127  # Q8_0: llama.cpp's sign trick, a vpmaddwd per register
         per_sum = 1 if signed else 32767 // (2 * 127 * self.max_u)
@@ -551,7 +553,8 @@ PREFETCH_ROWS = 4
 @intrinsic
 def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
     """(code, rows, toks, w, r0, xq, xd, xs, t0, out): writes out[t0:t0+toks, r0:r0+rows].
-    code (a GGML type), rows and toks must be compile-time constants."""
+    code (a GGML type, plus LOGITS for a head kernel), rows and toks must be compile-time
+    constants."""
     fmt, n_rows, n_toks = _block_format(_literal_int(code)), _literal_int(rows), _literal_int(toks)
     ok = (
         _is_2d(w, types.uint8)

@@ -10,8 +10,8 @@ VNNI's u8 x s8 product needs no sign trick:
 | quad    | 4      | (lo, hi) <64 x u8>: values 0..15 of each block in turn, then 16..31     |
 | oct     | 8      | four <64 x u8> in actquant's grouped order (register k, i32 lane l:     |
 |         |        | value dword GROUP_DWORDS[k][l // 8] of block l % 8)                     |
-| ymm     | 8      | the same as eight <32 x u8> (AVX2, `_1` formats: register j, lane b:    |
-|         |        | value dword YMM_DWORDS[j] of block b)                                   |
+| ymm     | 8      | the same as eight <32 x u8> (AVX2: register j, lane b: value dword      |
+|         |        | YMM_DWORDS[j] of block b; the `_1` formats, and the others' head)       |
 
 Layouts: Q8_0 d f16 | qs i8[32]; Q4_0 d | qs u8[16]; Q4_1 d | m f16 | qs; Q5_0 d | qh u32 |
 qs; Q5_1 d | m | qh | qs. A nibble format's low nibbles are values 0..15, high 16..31; qh bit
@@ -265,9 +265,9 @@ def _oct_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
-# ---- AVX2 oct decoders of the `_1` formats: (builder, 8 block ptrs) -> eight <32 x u8>, the
-# grouped order read 32 bytes at a time: register j, i32 lane b holds value dword
-# YMM_DWORDS[j] of block b (see _Tile.ymm_step)
+# ---- AVX2 oct decoders (the `_1` formats' kernels, and the other formats' output-head
+# kernels): (builder, 8 block ptrs) -> eight <32 x u8>, the grouped order read 32 bytes at a
+# time: register j, i32 lane b holds value dword YMM_DWORDS[j] of block b (_Tile.ymm_step)
 
 YMM_DWORDS = tuple(m for pair in GROUP_DWORDS for m in pair)
 
