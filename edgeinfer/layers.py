@@ -102,6 +102,7 @@ class Kernels(NamedTuple):
     add_bias: int
     store_kv: int
     attention: int
+    attention_task: int  # the attention kernel's worker, its last argument
     glu: tuple[int, int]  # swiglu or geglu
 
 
@@ -192,7 +193,8 @@ def run_layers(n, positions, slots, t, b, c, k):
         call("store_kv", k.store_kv, (kk, v, slots, positions, kc, vc))
         window = c.window if swa else 0
         call("attention", k.attention, (q, kc, vc, slots, positions, window, c.score_scale,
-                                        b.scores, b.attn_shared, attn))  # (n, n_head, hd)
+                                        b.scores, b.attn_shared, attn,  # (n, n_head, hd)
+                                        k.attention_task))
         _project(attn.reshape((n, -1)), t, il, _i64(ATTN_OUTPUT), _i64(1), (o, o, o), b)
         _add_bias(k, o, t.attn_output_bias[il])  # (n, n_embd)
         _add_residual(k, x, o, t.post_attention_norm[il], c.eps, h)
@@ -271,9 +273,7 @@ def numerics(config, weights, n_ctx: int) -> Numerics:
 
 def kernels(table: LayerTable, c: Numerics, flash_attn: bool) -> Kernels:
     """The Kernels the loop calls for this model (compiled or loaded from the cache now)."""
-    from edgeinfer.kernels import ops
-    from edgeinfer.kernels.attention import attention, store_kv
-    from edgeinfer.kernels.flash import flash_attention
+    from edgeinfer.kernels import attention, flash, ops
 
     def need(kernel, kind: str, used: bool = True) -> int:
         return native.address(kernel, kind) if used else 0
@@ -290,7 +290,8 @@ def kernels(table: LayerTable, c: Numerics, flash_attn: bool) -> Kernels:
         scale_inplace=need(ops.scale_inplace, "scale_inplace", c.q_scale != 1.0),
         add_inplace=need(ops.add_inplace, "add_inplace"),
         add_bias=need(ops.add_bias, "add_bias", has_bias),
-        store_kv=need(store_kv, "store_kv"),
-        attention=need(flash_attention if flash_attn else attention, "attention"),
+        store_kv=need(attention.store_kv, "store_kv"),
+        attention=need(flash.flash_attention if flash_attn else attention.attention, "attention"),
+        attention_task=(flash if flash_attn else attention).task_address(),
         glu=pair("geglu" if c.gelu else "swiglu"),
     )

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats, shared_floats
+from edgeinfer.kernels.attention import task_address as attention_task
 from edgeinfer.kernels.flash import flash_attention
+from edgeinfer.kernels.flash import task_address as flash_task
 
 ATOL = 1.5e-3
 
@@ -56,8 +58,9 @@ def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch
     old = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
+        task = (flash_task if kernel is flash_attention else attention_task)()
         kernel(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch, shared,
-               out)
+               out, task)
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(q, q_before)  # q is read, not rounded in place

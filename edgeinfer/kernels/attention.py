@@ -31,9 +31,11 @@ from numba import get_thread_id, njit, prange, types
 from numba.extending import overload
 from numba.np.ufunc.parallel import _iget_num_threads
 
+from edgeinfer.kernels import native
 from edgeinfer.kernels.attn_blocks import fits, score_block, value_block
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits, round_f16
+from edgeinfer.kernels.native import call
 from edgeinfer.kernels.prefetch import prefetch
 from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 
@@ -456,12 +458,80 @@ def _split_parts(n_items, longest):
     return 1
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shared, out):
+# attention_task's modes: one thread's share of the work items (then help with the others'),
+# or one task of a decode split's three phases
+RUN_ITEMS, SPLIT_SCORES, SPLIT_SOFTMAX, SPLIT_VALUES = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache,
+                   v_cache, slots, positions, window, scale, work, split, out):
+    """Task `task` of an attention call's parallel loop (or, with n_seg 1, all the items of
+    a serial call). Reached through its native address: a prange compiles its body apart,
+    with all it calls inlined and optimized again, which for the four loops this kernel had
+    took 12 s of a first run's compile (kernels/native.py)."""
+    n, n_head, hd = q.shape
+    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    group = n_head // n_kv
+    tile = _tile_tokens(group, n_ctx)
+    buf = work[get_thread_id()]
+    if mode == RUN_ITEMS:
+        w, k = next_chunk(counters, task, np.int64(0), n_items, n_seg)
+        while w >= 0:
+            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
+                      buf, out)
+            w, k = next_chunk(counters, task, k, n_items, n_seg)
+        return
+    # Few long rows (decode): each row's keys split into n_part ranges across the threads
+    # (chunk == 1); scores, softmax and P·V are three parallel phases over shared scores.
+    n_sc = n * n_head * longest
+    sc_all = split[:n_sc].reshape((n, n_head, longest))
+    part_acc = split[n_sc : n_sc + n_part * n * n_head * hd].reshape((n_part, n, n_head, hd))
+    one = np.int64(1)  # attention says why
+    if mode == SPLIT_SOFTMAX:
+        i = task // n_head
+        lo, hi = _key_range(positions[i], window)
+        _softmax_row(sc_all[i, task % n_head, : hi - lo], scale)
+        return
+    i, kvh, part = task // (n_kv * n_part), task // n_part % n_kv, task % n_part
+    qt, acc, kf, _ = _thread_scratch(buf, tile * group, hd, n_ctx)
+    scores = sc_all[i, kvh * group : kvh * group + group]
+    if mode == SPLIT_SCORES:
+        ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt)
+        blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+        _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, one, group, window,
+                     ka, kb, blk_lo, blk_hi, scores)
+    else:
+        ka, kb = _key_range(positions[i], window)
+        blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+        _tile_values(acc, scores, v_cache, kf, slots[i], kvh, positions, i, one, group, window,
+                     ka, kb, blk_lo, blk_hi)
+        for g in range(group):
+            part_acc[part, i, kvh * group + g] = acc[g]
+
+
+@njit(cache=True, nogil=True)
+def _sum_parts(split, n_part, longest, out):
+    """out = the sum of a decode split's per-range outputs, in range order."""
+    n, n_head, hd = out.shape
+    n_sc = n * n_head * longest
+    part_acc = split[n_sc : n_sc + n_part * n * n_head * hd].reshape((n_part, n, n_head, hd))
+    for i in range(n):  # loops, not array expressions: those compile for a second longer
+        for h in range(n_head):
+            for d in range(hd):
+                total = part_acc[0, i, h, d]
+                for part in range(1, n_part):
+                    total += part_acc[part, i, h, d]
+                out[i, h, d] = total
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shared, out, task):
     """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
     uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
     allocated here when m < scratch_floats(...); shared (k,) f32 scratch of the decode split,
-    allocated here when k < shared_floats(...); out (n, n_head, hd) f32."""
+    allocated here when k < shared_floats(...); out (n, n_head, hd) f32; task: the native
+    address of attention_task (task_address()), which does the work."""
     n, n_head, hd = q.shape
     n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
@@ -472,52 +542,33 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
     n_part = _split_parts(n_items, longest) if parallel else 1
     # Helpers get np.int64 where a constant or prange's uint64 index would compile them (and
     # what they call) a second time, for that type: 6 s of a first run's compile.
-    one = np.int64(1)
+    counters, zero = chunk_counters(), np.int64(0)
     if n_part > 1:
-        # Few long rows (decode): split each row's keys into parts across the threads. Then
-        # chunk == 1. Scores, softmax and P·V become three parallel steps with shared scores.
-        n_sc, n_pa = n * n_head * longest, n_part * n * n_head * hd
-        split = shared if shared.shape[0] >= n_sc + n_pa else np.empty(n_sc + n_pa, np.float32)
-        sc_all = split[:n_sc].reshape((n, n_head, longest))
-        part_acc = split[n_sc : n_sc + n_pa].reshape((n_part, n, n_head, hd))
-        for w in prange(n_items * n_part):
-            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
-            qt, _, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
-            ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt)
-            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-            _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, one, group,
-                         window, ka, kb, blk_lo, blk_hi,
-                         sc_all[i, kvh * group : kvh * group + group])
-        for w in prange(n * n_head):
-            i = w // n_head
-            lo, hi = _key_range(positions[i], window)
-            _softmax_row(sc_all[i, w % n_head, : hi - lo], scale)
-        for w in prange(n_items * n_part):
-            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
-            _, acc, kf, _ = _thread_scratch(work[get_thread_id()], tile * group, hd, n_ctx)
-            ka, kb = _key_range(positions[i], window)
-            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-            _tile_values(acc, sc_all[i, kvh * group : kvh * group + group], v_cache, kf,
-                         slots[i], kvh, positions, i, one, group, window, ka, kb, blk_lo,
-                         blk_hi)
-            for g in range(group):
-                part_acc[part, i, kvh * group + g] = acc[g]
-        out[:] = part_acc[0]
-        for part in range(1, n_part):
-            out += part_acc[part]
+        size = n * n_head * longest + n_part * n * n_head * hd
+        split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
+        for mode in (SPLIT_SCORES, SPLIT_SOFTMAX, SPLIT_VALUES):
+            n_tasks = n * n_head if mode == SPLIT_SOFTMAX else n_items * n_part
+            for t in prange(n_tasks):
+                call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
+                                              n_items, chunk, n_part, longest, q, k_cache,
+                                              v_cache, slots, positions, window, scale, work,
+                                              split, out))
+        _sum_parts(split, n_part, longest, out)
     elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
-        counters, n_seg = chunk_counters(), n_workers(n_items)
-        for task in prange(n_seg):
-            buf = work[get_thread_id()]
-            w, k = next_chunk(counters, np.int64(task), np.int64(0), n_items, n_seg)
-            while w >= 0:
-                _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
-                          scale, buf, out)
-                w, k = next_chunk(counters, np.int64(task), k, n_items, n_seg)
-    else:
-        for w in range(n_items):
-            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
-                      work[0], out)
+        n_seg = n_workers(n_items)
+        for t in prange(n_seg):
+            call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
+                                          n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                          slots, positions, window, scale, work, shared, out))
+    else:  # one segment: all the items, on this thread
+        call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
+                                      n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                      slots, positions, window, scale, work, shared, out))
+
+
+def task_address() -> int:
+    """attention_task's native address, for attention's last argument."""
+    return native.address(attention_task, "attention_task")
 
 
 @njit(cache=True, nogil=True)

@@ -28,10 +28,14 @@ from __future__ import annotations
 import numpy as np
 from numba import get_thread_id, njit, prange
 
+from edgeinfer.kernels import native
 from edgeinfer.kernels.attention import (
     FAST,
     KEY_BLOCK,
     PREFETCH_KEYS,
+    RUN_ITEMS,
+    SPLIT_SCORES,
+    SPLIT_VALUES,
     TILE_TOKENS,
     _accumulate4,
     _blocks,
@@ -50,6 +54,7 @@ from edgeinfer.kernels.attention import (
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import round_f16
+from edgeinfer.kernels.native import call
 from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
 
 FA_TILE_Q = 64  # GGML_FA_TILE_Q: calls with this many query tokens take the f32 path
@@ -287,58 +292,92 @@ def _merge_parts(part_acc, part_m, part_s, i, h, out_row):
             out_row[d] *= inv
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, shared,
-                    out):
-    """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
-    k_cache/v_cache (n_slots, n_ctx, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
-    scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...); shared (k,)
-    f32 scratch of the decode split, allocated here when k < shared_floats(...); out
-    (n, n_head, hd) f32."""
+@njit(cache=True, nogil=True, fastmath=FAST)
+def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache,
+               v_cache, slots, positions, window, scale, work, split, out):
+    """Task `task` of a flash_attention call's parallel loop (all the items of a serial call
+    with n_seg 1), as attention.attention_task: RUN_ITEMS, or a decode split's SPLIT_SCORES
+    (one key range's (M, S, acc)) and SPLIT_VALUES (one row's merge)."""
     n, n_head, hd = q.shape
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
     f16_path = n < FA_TILE_Q
+    buf = work[get_thread_id()]
+    if mode == RUN_ITEMS:
+        w, k = next_chunk(counters, task, np.int64(0), n_items, n_seg)
+        while w >= 0:
+            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
+                        scale, f16_path, buf, out)
+            w, k = next_chunk(counters, task, k, n_items, n_seg)
+        return
+    part_acc, part_m, part_s = _split_views(split, n_part, n, n_head, hd)
+    if mode == SPLIT_VALUES:
+        _merge_parts(part_acc, part_m, part_s, task // n_head, task % n_head,
+                     out[task // n_head, task % n_head])
+        return
+    one = np.int64(1)  # not a literal, nor prange's uint64: attention.attention says why
+    i, kvh, part = task // (n_kv * n_part), task // n_part % n_kv, task % n_part
+    qt, acc, kf, sc, rs, m, s = _flash_scratch(buf, TILE_TOKENS * group, hd)
+    ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt, f16_path)
+    blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
+    _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i, one,
+                group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+    for g in range(group):
+        h = kvh * group + g
+        part_acc[part, i, h] = acc[g]
+        part_m[part, i, h], part_s[part, i, h] = m[g], s[g]
+
+
+@njit(cache=True, nogil=True)
+def _split_views(split, n_part, n, n_head, hd):
+    """A decode split's per-range (acc, M, S) in `split`."""
+    n_pa, n_ms = n_part * n * n_head * hd, n_part * n * n_head
+    return (split[:n_pa].reshape((n_part, n, n_head, hd)),
+            split[n_pa : n_pa + n_ms].reshape((n_part, n, n_head)),
+            split[n_pa + n_ms : n_pa + 2 * n_ms].reshape((n_part, n, n_head)))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, shared,
+                    out, task):
+    """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
+    k_cache/v_cache (n_slots, n_ctx, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
+    scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...); shared (k,)
+    f32 scratch of the decode split, allocated here when k < shared_floats(...); out
+    (n, n_head, hd) f32; task: flash_task's native address (task_address())."""
+    n, n_head, hd = q.shape
+    n_kv = k_cache.shape[2]
+    group = n_head // n_kv
     parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, TILE_TOKENS)
     need = _flash_floats(TILE_TOKENS * group, hd)
     work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
                                                              np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
-    one = np.int64(1)  # not a literal, nor prange's uint64: attention.attention says why
+    counters, zero = chunk_counters(), np.int64(0)
     if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
         # each part's (M, S, acc) kept, then merged.
-        n_pa, n_ms = n_part * n * n_head * hd, n_part * n * n_head
-        split = shared if shared.shape[0] >= n_pa + 2 * n_ms else np.empty(n_pa + 2 * n_ms,
-                                                                             np.float32)
-        part_acc = split[:n_pa].reshape((n_part, n, n_head, hd))
-        part_m = split[n_pa : n_pa + n_ms].reshape((n_part, n, n_head))
-        part_s = split[n_pa + n_ms : n_pa + 2 * n_ms].reshape((n_part, n, n_head))
-        for w in prange(n_items * n_part):
-            i, kvh, part = w // (n_kv * n_part), w // n_part % n_kv, w % n_part
-            qt, acc, kf, sc, rs, m, s = _flash_scratch(work[get_thread_id()], TILE_TOKENS * group,
-                                                   hd)
-            ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt, f16_path)
-            blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-            _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i,
-                        one, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
-            for g in range(group):
-                h = kvh * group + g
-                part_acc[part, i, h] = acc[g]
-                part_m[part, i, h], part_s[part, i, h] = m[g], s[g]
-        for w in prange(n * n_head):
-            _merge_parts(part_acc, part_m, part_s, w // n_head, w % n_head,
-                         out[w // n_head, w % n_head])
+        size = n_part * n * n_head * (hd + 2)
+        split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
+        for mode in (SPLIT_SCORES, SPLIT_VALUES):
+            n_tasks = n * n_head if mode == SPLIT_VALUES else n_items * n_part
+            for t in prange(n_tasks):
+                call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
+                                              n_items, chunk, n_part, longest, q, k_cache,
+                                              v_cache, slots, positions, window, scale, work,
+                                              split, out))
     elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
-        counters, n_seg = chunk_counters(), n_workers(n_items)
-        for task in prange(n_seg):
-            buf = work[get_thread_id()]
-            w, k = next_chunk(counters, np.int64(task), np.int64(0), n_items, n_seg)
-            while w >= 0:
-                _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
-                            scale, f16_path, buf, out)
-                w, k = next_chunk(counters, np.int64(task), k, n_items, n_seg)
-    else:
-        for w in range(n_items):
-            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
-                        scale, f16_path, work[0], out)
+        n_seg = n_workers(n_items)
+        for t in prange(n_seg):
+            call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
+                                          n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                          slots, positions, window, scale, work, shared, out))
+    else:  # one segment: all the items, on this thread
+        call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
+                                      n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                      slots, positions, window, scale, work, shared, out))
+
+
+def task_address() -> int:
+    """flash_task's native address, for flash_attention's last argument."""
+    return native.address(flash_task, "attention_task")

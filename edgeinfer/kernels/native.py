@@ -42,9 +42,13 @@ SIGNATURES: dict[str, tuple[types.Type, ...]] = {
     # registry.py: quantizer(x, xq, xd, xs, xf)
     "quantize": (_F32_2, _array(types.int8, 2), _F32_2, _F32_2, _F32_2),
     # attention / flash_attention(q, k_cache, v_cache, slots, positions, window, scale,
-    # scores, shared, out)
+    # scores, shared, out, task), task the address of an "attention_task" of the same module
     "attention": (_F32_3, _KV, _KV, _I32_1, _I32_1, types.int64, types.float32, _F32_2,
-                  _F32_1, _F32_3),
+                  _F32_1, _F32_3, types.int64),
+    # (mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache, v_cache,
+    # slots, positions, window, scale, work, split, out): a share of a parallel attention call
+    "attention_task": (types.int64,) * 8 + (_F32_3, _KV, _KV, _I32_1, _I32_1, types.int64,
+                                            types.float32, _F32_2, _F32_1, _F32_3),
     # the ops.py / attention.py kernels of the layer loop
     "rms_norm": (_F32_2, _F32_1, types.float64, _F32_2),  # (x, weight, eps, out)
     "rms_norm_inplace": (_F32_2, _F32_1, types.float64),  # (x, weight, eps)
