@@ -365,10 +365,7 @@ class _Tile:
         def x_regs(xq, x_at):
             return [load(builder, xq, builder.add(x_at, _I64(64 * k)), v64) for k in range(4)]
 
-        corrs = [ir.Constant(vi, [0] * 16)] * len(toks)
-        if self.bias:  # the quantizer stored minus each lane's activation sum (GROUP_SUMS)
-            sums = [load(builder, xs, builder.mul(i, _I64(8)), vi) for _, _, xs in toks]
-            corrs = [builder.mul(s, ir.Constant(vi, [self.bias] * 16)) for s in sums]
+        bias = ir.Constant(vi, [self.bias] * 16)
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
@@ -382,8 +379,14 @@ class _Tile:
             # are the same in every row
             at = _opaque(builder, i)
             x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
-            for t, (xq, xd, _) in enumerate(toks):
-                isum = corrs[t]
+            for t, (xq, xd, xs) in enumerate(toks):
+                isum = ir.Constant(vi, [0] * 16)
+                if self.bias:  # the quantizer stored minus each lane's activation sum
+                    # (GROUP_SUMS); loaded and scaled again per row, as a memory operand:
+                    # kept across rows, the 8 tokens' corrections took 8 of the 32 registers
+                    # and the accumulators spilled (8-token Q8_0 and Q5_0 products 5-15%
+                    # slower)
+                    isum = builder.mul(load(builder, xs, builder.mul(at, _I64(8)), vi), bias)
                 for w, x in zip(regs, x_regs(xq, x_at)):
                     isum = _vpdpbusd(builder, isum, w, x)
                 d_x = load(builder, xd, d_at, vec(_F32, 8))
