@@ -352,46 +352,64 @@ class _Tile:
                 isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
 
+    def _oct_weights(self, builder, w_row, ahead, i):
+        """Blocks i..i+7 of one row for oct_step: (4 <64 x u8> registers, d <16 x f32>)."""
+        blks = self._blocks(builder, w_row, i, 8)
+        for line in range(0, 8 * self.block_bytes, 64):
+            _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+        # opaque: else LLVM multiplies d_w by d_x in 8 lanes and then copies the product
+        # into the upper 8 (a port-5 shuffle per row and token)
+        return self.oct(builder, blks), _opaque(
+            builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
+
     def oct_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+7 (AVX-512 VNNI, grouped activations). Block b's 32 products sum
         into i32 lanes b and b + 8 by four vpdpbusd, so each conversion, scale product and
         FMA serves 256 products (7 vector ops per row x token and 256 values; the four-block
         step needs 10). The activations need no shuffles: the quantizer stored them in this
-        order, and for the bias correction each lane's sum. Rows outer, tokens inner, so only
-        one row's weights are live besides the 24 accumulators; the activations are memory
-        operands."""
+        order, and for the bias correction each lane's sum.
+
+        Two loop orders, by tile height (_tile_rows). Two rows: tokens outer, so each
+        token's 4 activation registers and bias correction are loaded once for both rows,
+        whose 8 weight registers stay live beside the 16 accumulators. Three (the `_1`
+        formats): rows outer, so only one row's weights are live beside the 24
+        accumulators, and each row loads the activations again, as memory operands of
+        vpdpbusd, at offsets LLVM cannot see are the same in every row (shared across rows
+        they would be 32 registers, and spill)."""
         vi, v64 = vec(_I32, 16), vec(_I8, 64)
 
-        def x_regs(xq, x_at):
-            return [load(builder, xq, builder.add(x_at, _I64(64 * k)), v64) for k in range(4)]
-
-        bias = ir.Constant(vi, [self.bias] * 16)
-        for r, w_row in enumerate(w_rows):
-            blks = self._blocks(builder, w_row, i, 8)
-            for line in range(0, 8 * self.block_bytes, 64):
-                _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
-            regs = self.oct(builder, blks)
-            # opaque: else LLVM multiplies d_w by d_x in 8 lanes and then copies the product
-            # into the upper 8 (a port-5 shuffle per row and token)
-            d_w = _opaque(builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
-            # each row loads the activations again, as memory operands of vpdpbusd (shared
-            # across rows they would be 32 registers, and spill): at offsets LLVM cannot see
-            # are the same in every row
-            at = _opaque(builder, i)
+        def token(at, xq, xd, xs):
+            """(activation registers, d_x, the bias correction) of one token."""
             x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
-            for t, (xq, xd, xs) in enumerate(toks):
-                isum = ir.Constant(vi, [0] * 16)
-                if self.bias:  # the quantizer stored minus each lane's activation sum
-                    # (GROUP_SUMS); loaded and scaled again per row, as a memory operand:
-                    # kept across rows, the 8 tokens' corrections took 8 of the 32 registers
-                    # and the accumulators spilled (8-token Q8_0 and Q5_0 products 5-15%
-                    # slower)
-                    isum = builder.mul(load(builder, xs, builder.mul(at, _I64(8)), vi), bias)
-                for w, x in zip(regs, x_regs(xq, x_at)):
-                    isum = _vpdpbusd(builder, isum, w, x)
-                d_x = load(builder, xd, d_at, vec(_F32, 8))
-                d_x = shuffle(builder, d_x, d_x, list(range(8)) * 2)
-                self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+            x = [load(builder, xq, builder.add(x_at, _I64(64 * k)), v64) for k in range(4)]
+            d_x = load(builder, xd, d_at, vec(_F32, 8))
+            corr = ir.Constant(vi, [0] * 16)
+            if self.bias:  # the quantizer stored minus each lane's activation sum (GROUP_SUMS)
+                sums = load(builder, xs, builder.mul(at, _I64(8)), vi)
+                corr = builder.mul(sums, ir.Constant(vi, [self.bias] * 16))
+            return x, shuffle(builder, d_x, d_x, list(range(8)) * 2), corr
+
+        def add(acc, regs, d_w, x, d_x, corr):
+            isum = corr
+            for w, v in zip(regs, x):
+                isum = _vpdpbusd(builder, isum, w, v)
+            self._scale_add(builder, acc, isum, d_w, d_x)
+
+        if self.rows <= 2:
+            weights = [self._oct_weights(builder, w_row, ahead, i) for w_row in w_rows]
+            for t, tok in enumerate(toks):
+                x, d_x, corr = token(i, *tok)
+                for r, (regs, d_w) in enumerate(weights):
+                    add(accs[r][t], regs, d_w, x, d_x, corr)
+            return
+        for r, w_row in enumerate(w_rows):
+            regs, d_w = self._oct_weights(builder, w_row, ahead, i)
+            at = _opaque(builder, i)
+            for t, tok in enumerate(toks):
+                # the bias correction too is loaded again per row: kept across rows, 8 tokens'
+                # took 8 of the 32 registers and the accumulators spilled (8-token Q8_0 and
+                # Q5_0 products 5-15% slower)
+                add(accs[r][t], regs, d_w, *token(at, *tok))
 
     def ymm_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+7 (AVX2: the `_1` formats, and the others' output head; grouped
@@ -579,12 +597,15 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 
 # ---- kernels: one per type, made by one factory
 
-# Register tile rows (x up to 8 tokens). With AVX-512's 32 zmm registers, 3 rows (24
-# accumulators) amortize each token's activation load and bias correction over more rows:
-# prefill GFLOP/s +38% for Q5_0, +22% for Q8_0. The `_1` formats too, since their minimums
-# are added after the block loop (_Tile._add_mins): SmolLM2 8-sequence decode +7-10%, pp512
-# +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and NEON have 16
-# vector registers (NEON needs 2 per accumulator): 2 rows, but 1 with AVX2's 8-block step,
+# Register tile rows (x up to 8 tokens). With AVX-512's 32 zmm registers: 2 rows, their
+# 8-block step tokens outer, so that each token's activations and bias correction are loaded
+# once for both (_Tile.oct_step): against 3 rows, rows outer, 8-token Q8_0, Q5_0 and Q4_0
+# products 20-45% faster, 64 tokens 15-40% (hot weights, alternating). The `_1` formats keep
+# 3 rows, rows outer: their minimums, added after the block loop per tile (_Tile._add_mins),
+# made 2-row tiles 10% slower at 576 wide; 3 rows had given SmolLM2's 8-sequence decode
+# +7-10%, pp512 +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and
+# NEON have 16 vector registers (NEON needs 2 per accumulator): 2 rows, but 1 with AVX2's
+# 8-block step,
 # whose 8 weight registers leave no room for 16 accumulators (8-token products 20-40%
 # faster than with 2 rows).
 _WIDE_TILES = BLOCKS_PER_STEP == 2
@@ -593,7 +614,7 @@ _WIDE_TILES = BLOCKS_PER_STEP == 2
 def _tile_rows(code: int) -> int:
     """Register tile rows of a kernel code."""
     if _WIDE_TILES:
-        return 3
+        return 3 if _block_format(code)[-1] else 2
     return 1 if YMM_STEPS and _block_format(code)[3] is not None else 2
 
 
