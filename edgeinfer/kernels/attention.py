@@ -349,7 +349,7 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
             for jj in range(j0, j1):
                 _prefetch_kv(k_cache, v_cache, s, jj + PREFETCH_KEYS, kvh, end)
             _convert_rows(k_cache, s, j0, j1 - j0, kvh, kf)
-        t = np.int64(0)  # not a literal: one compiled _same_keys (attention() says why)
+        t = np.int64(0)  # not a literal: one compiled _same_keys (run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             last = t1 * group - 1
@@ -383,7 +383,7 @@ def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window,
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         if not direct:
             _convert_rows(v_cache, s, j0, j1 - j0, kvh, kf)
-        t = np.int64(0)  # not a literal: one compiled _same_keys (attention() says why)
+        t = np.int64(0)  # not a literal: one compiled _same_keys (run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             last = t1 * group - 1
@@ -458,9 +458,11 @@ def _split_parts(n_items, longest):
     return 1
 
 
-# attention_task's modes: one thread's share of the work items (then help with the others'),
-# or one task of a decode split's three phases
-RUN_ITEMS, SPLIT_SCORES, SPLIT_SOFTMAX, SPLIT_VALUES = 0, 1, 2, 3
+# The task functions' modes: one thread's share of the work items (then help with the
+# others'), or one task of a decode split's phases, which run in this order: the key
+# ranges' scores, then per row and head (attention's softmax, flash's merge), then the key
+# ranges' values (attention only)
+RUN_ITEMS, SPLIT_SCORES, SPLIT_ROWS, SPLIT_VALUES = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
@@ -487,8 +489,8 @@ def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest,
     n_sc = n * n_head * longest
     sc_all = split[:n_sc].reshape((n, n_head, longest))
     part_acc = split[n_sc : n_sc + n_part * n * n_head * hd].reshape((n_part, n, n_head, hd))
-    one = np.int64(1)  # attention says why
-    if mode == SPLIT_SOFTMAX:
+    one = np.int64(1)  # run_tasks says why
+    if mode == SPLIT_ROWS:  # the softmax of row i, head task % n_head
         i = task // n_head
         lo, hi = _key_range(positions[i], window)
         _softmax_row(sc_all[i, task % n_head, : hi - lo], scale)
@@ -526,6 +528,37 @@ def _sum_parts(split, n_part, longest, out):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def run_tasks(task, n_phases, parallel, n_part, n_items, chunk, longest, q, k_cache, v_cache,
+              slots, positions, window, scale, work, split, out):
+    """The parallel loops of attention and flash_attention, each task done by the kernel's
+    task function at address `task` (attention_task, flash.flash_task): with n_part > 1 a
+    decode split's phases SPLIT_SCORES .. n_phases; else the work items, each thread its
+    own, then helping with the others' (schedule.py), or all on this thread."""
+    n, n_head = q.shape[0], q.shape[1]
+    # Helpers get np.int64 where a constant or prange's uint64 index would compile them (and
+    # what they call) a second time, for that type: 6 s of a first run's compile.
+    counters, zero = chunk_counters(), np.int64(0)
+    if n_part > 1:
+        for mode in range(SPLIT_SCORES, n_phases + 1):
+            n_tasks = n * n_head if mode == SPLIT_ROWS else n_items * n_part
+            for t in prange(n_tasks):
+                call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
+                                              n_items, chunk, n_part, longest, q, k_cache,
+                                              v_cache, slots, positions, window, scale, work,
+                                              split, out))
+    elif parallel:
+        n_seg = n_workers(n_items)
+        for t in prange(n_seg):
+            call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
+                                          n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                          slots, positions, window, scale, work, split, out))
+    else:
+        call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
+                                      n_items, chunk, n_part, longest, q, k_cache, v_cache,
+                                      slots, positions, window, scale, work, split, out))
+
+
+@njit(cache=True, nogil=True)
 def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shared, out, task):
     """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
     uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
@@ -540,30 +573,14 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
     need = _scratch_floats(tile * group, hd, n_ctx)
     work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
-    # Helpers get np.int64 where a constant or prange's uint64 index would compile them (and
-    # what they call) a second time, for that type: 6 s of a first run's compile.
-    counters, zero = chunk_counters(), np.int64(0)
-    if n_part > 1:
+    split = shared
+    if n_part > 1:  # the rows' scores, then each key range's value sums
         size = n * n_head * longest + n_part * n * n_head * hd
         split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
-        for mode in (SPLIT_SCORES, SPLIT_SOFTMAX, SPLIT_VALUES):
-            n_tasks = n * n_head if mode == SPLIT_SOFTMAX else n_items * n_part
-            for t in prange(n_tasks):
-                call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
-                                              n_items, chunk, n_part, longest, q, k_cache,
-                                              v_cache, slots, positions, window, scale, work,
-                                              split, out))
+    run_tasks(task, np.int64(SPLIT_VALUES), parallel, n_part, n_items, chunk, longest, q,
+              k_cache, v_cache, slots, positions, window, scale, work, split, out)
+    if n_part > 1:
         _sum_parts(split, n_part, longest, out)
-    elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
-        n_seg = n_workers(n_items)
-        for t in prange(n_seg):
-            call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
-                                          n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                          slots, positions, window, scale, work, shared, out))
-    else:  # one segment: all the items, on this thread
-        call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
-                                      n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                      slots, positions, window, scale, work, shared, out))
 
 
 def task_address() -> int:

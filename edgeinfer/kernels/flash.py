@@ -26,7 +26,7 @@ Only f32 summation orders and those split points differ from ggml's.
 from __future__ import annotations
 
 import numpy as np
-from numba import get_thread_id, njit, prange
+from numba import get_thread_id, njit
 
 from edgeinfer.kernels import native
 from edgeinfer.kernels.attention import (
@@ -34,8 +34,7 @@ from edgeinfer.kernels.attention import (
     KEY_BLOCK,
     PREFETCH_KEYS,
     RUN_ITEMS,
-    SPLIT_SCORES,
-    SPLIT_VALUES,
+    SPLIT_ROWS,
     TILE_TOKENS,
     _accumulate4,
     _blocks,
@@ -50,12 +49,12 @@ from edgeinfer.kernels.attention import (
     _tile_setup,
     _tile_views,
     _work_item,
+    run_tasks,
 )
 from edgeinfer.kernels.attn_blocks import fits, value_block_f16
 from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import round_f16
-from edgeinfer.kernels.native import call
-from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
+from edgeinfer.kernels.schedule import next_chunk
 
 FA_TILE_Q = 64  # GGML_FA_TILE_Q: calls with this many query tokens take the f32 path
 
@@ -205,7 +204,7 @@ def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions,
             _flash_block_scores(qt, kf, 0, 0, 0, positions, i0, nt, group, window, j0, j1, sc,
                                 kf, 0)
             _convert_rows(v_cache, sl, j0, j1 - j0, kvh, kf)
-        t = np.int64(0)  # not a literal (attention.attention says why)
+        t = np.int64(0)  # not a literal (attention.run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
             if a < b:
@@ -297,7 +296,7 @@ def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, 
                v_cache, slots, positions, window, scale, work, split, out):
     """Task `task` of a flash_attention call's parallel loop (all the items of a serial call
     with n_seg 1), as attention.attention_task: RUN_ITEMS, or a decode split's SPLIT_SCORES
-    (one key range's (M, S, acc)) and SPLIT_VALUES (one row's merge)."""
+    (one key range's (M, S, acc)) and SPLIT_ROWS (one row and head's merge)."""
     n, n_head, hd = q.shape
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
@@ -311,11 +310,11 @@ def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, 
             w, k = next_chunk(counters, task, k, n_items, n_seg)
         return
     part_acc, part_m, part_s = _split_views(split, n_part, n, n_head, hd)
-    if mode == SPLIT_VALUES:
+    if mode == SPLIT_ROWS:
         _merge_parts(part_acc, part_m, part_s, task // n_head, task % n_head,
                      out[task // n_head, task % n_head])
         return
-    one = np.int64(1)  # not a literal, nor prange's uint64: attention.attention says why
+    one = np.int64(1)  # not a literal, nor prange's uint64: attention.run_tasks says why
     i, kvh, part = task // (n_kv * n_part), task // n_part % n_kv, task % n_part
     qt, acc, kf, sc, rs, m, s = _flash_scratch(buf, TILE_TOKENS * group, hd)
     ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt, f16_path)
@@ -337,7 +336,7 @@ def _split_views(split, n_part, n, n_head, hd):
             split[n_pa + n_ms : n_pa + 2 * n_ms].reshape((n_part, n, n_head)))
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, shared,
                     out, task):
     """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
@@ -353,29 +352,14 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
     work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
                                                              np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
-    counters, zero = chunk_counters(), np.int64(0)
+    split = shared
     if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
         # each part's (M, S, acc) kept, then merged.
         size = n_part * n * n_head * (hd + 2)
         split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
-        for mode in (SPLIT_SCORES, SPLIT_VALUES):
-            n_tasks = n * n_head if mode == SPLIT_VALUES else n_items * n_part
-            for t in prange(n_tasks):
-                call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
-                                              n_items, chunk, n_part, longest, q, k_cache,
-                                              v_cache, slots, positions, window, scale, work,
-                                              split, out))
-    elif parallel:  # each thread its own items, then helps with the others' (schedule.py)
-        n_seg = n_workers(n_items)
-        for t in prange(n_seg):
-            call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
-                                          n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                          slots, positions, window, scale, work, shared, out))
-    else:  # one segment: all the items, on this thread
-        call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
-                                      n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                      slots, positions, window, scale, work, shared, out))
+    run_tasks(task, np.int64(SPLIT_ROWS), parallel, n_part, n_items, chunk, longest, q,
+              k_cache, v_cache, slots, positions, window, scale, work, split, out)
 
 
 def task_address() -> int:
