@@ -605,9 +605,8 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # made 2-row tiles 10% slower at 576 wide; 3 rows had given SmolLM2's 8-sequence decode
 # +7-10%, pp512 +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and
 # NEON have 16 vector registers (NEON needs 2 per accumulator): 2 rows, but 1 with AVX2's
-# 8-block step,
-# whose 8 weight registers leave no room for 16 accumulators (8-token products 20-40%
-# faster than with 2 rows).
+# 8-block step, whose 8 weight registers leave no room for 16 accumulators (8-token
+# products 20-40% faster than with 2 rows).
 _WIDE_TILES = BLOCKS_PER_STEP == 2
 
 
