@@ -54,6 +54,8 @@ from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.legacy_blocks import (
     BLOCK_FORMATS,
     block_dwords,
+    block_words,
+    concat,
     halves,
     load,
     load_f16,
@@ -486,11 +488,7 @@ class _Tile:
             first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
             left = splat_value(builder, builder.sub(n_blocks, first), lanes)
             mask = builder.icmp_signed("<", lane, left)
-            mins = []
-            for w_row in w_rows:  # m of block b: the f16 at byte 2 (a dword load covers it)
-                blk0 = builder.gep(w_row, [builder.mul(first, _I64(self.block_bytes))])
-                got = block_dwords(builder, blk0, self.block_bytes, 2, lanes, mask)
-                mins.append(half_to_f32(builder, builder.trunc(got, vec(_I16, lanes))))
+            mins = [self._mins(builder, w_row, first, n_blocks, mask) for w_row in w_rows]
             for t, (_, _, xs) in enumerate(toks):
                 ptr = builder.gep(xs, [builder.mul(first, _I64(4))])
                 s_x = builder.call(load, [builder.bitcast(ptr, vf.as_pointer()), _I32(4), mask,
@@ -498,6 +496,30 @@ class _Tile:
                 for r, m_w in enumerate(mins):
                     acc = accs[r][t]
                     builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
+
+    def _mins(self, builder, w_row, first, n_blocks, mask):
+        """m_w (the f16 at byte 2) of the blocks first .. first + lanes - 1 of a row, 0 past
+        its end: from loads and permutes where all are there (block_words), else a gather."""
+        lanes, size = mask.type.count, self.block_bytes
+        blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
+        if not OCT_STEPS:  # word permutes need AVX-512; AVX2 adds only a tail's minimums here
+            got = block_dwords(builder, blk0, size, 2, lanes, mask)
+            return half_to_f32(builder, builder.trunc(got, vec(_I16, lanes)))
+        whole = builder.icmp_unsigned(">=", builder.sub(n_blocks, first), _I64(lanes))
+        with builder.if_else(whole) as (then, otherwise):
+            with then:
+                halves = [block_words(builder, builder.gep(blk0, [_I64(8 * k * size)]), size, 2, 1)
+                          for k in range(lanes // 8)]
+                fast = concat(builder, halves)
+                fast_block = builder.block
+            with otherwise:
+                got = block_dwords(builder, blk0, size, 2, lanes, mask)
+                slow = builder.trunc(got, vec(_I16, lanes))
+                slow_block = builder.block
+        bits = builder.phi(vec(_I16, lanes))
+        bits.add_incoming(fast, fast_block)
+        bits.add_incoming(slow, slow_block)
+        return half_to_f32(builder, bits)
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
