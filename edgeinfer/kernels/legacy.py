@@ -498,28 +498,55 @@ class _Tile:
                     builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _mins(self, builder, w_row, first, n_blocks, mask):
-        """m_w (the f16 at byte 2) of the blocks first .. first + lanes - 1 of a row, 0 past
-        its end: from loads and permutes where all are there (block_words), else a gather."""
+        """m_w (the f16 at byte 2) of the blocks first .. first + lanes - 1 of a row as f32, 0
+        past its end. With AVX-512 from 64-byte loads inside the row and word permutes
+        (block_words): of those blocks where all are there, else of the last `lanes` blocks
+        of the row, moved into place by one vpermps (a gather instead, the only one left in
+        the kernels, cost 3-10% of a 576-wide Q4_1 product at 8 tokens); a gather where the
+        row has fewer blocks than lanes, and on AVX2 (whose 8-block step adds its own)."""
         lanes, size = mask.type.count, self.block_bytes
-        blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
-        if not OCT_STEPS:  # word permutes need AVX-512; AVX2 adds only a tail's minimums here
+        vf = vec(_F32, lanes)
+
+        def gathered():
             got = block_dwords(builder, blk0, size, 2, lanes, mask)
             return half_to_f32(builder, builder.trunc(got, vec(_I16, lanes)))
-        whole = builder.icmp_unsigned(">=", builder.sub(n_blocks, first), _I64(lanes))
-        with builder.if_else(whole) as (then, otherwise):
-            with then:
-                halves = [block_words(builder, builder.gep(blk0, [_I64(8 * k * size)]), size, 2, 1)
-                          for k in range(lanes // 8)]
-                fast = concat(builder, halves)
-                fast_block = builder.block
-            with otherwise:
-                got = block_dwords(builder, blk0, size, 2, lanes, mask)
-                slow = builder.trunc(got, vec(_I16, lanes))
-                slow_block = builder.block
-        bits = builder.phi(vec(_I16, lanes))
-        bits.add_incoming(fast, fast_block)
-        bits.add_incoming(slow, slow_block)
-        return half_to_f32(builder, bits)
+
+        def loaded(start):  # blocks start .. start + lanes - 1, all inside the row
+            blk = builder.gep(w_row, [builder.mul(start, _I64(size))])
+            halves = [block_words(builder, builder.gep(blk, [_I64(8 * k * size)]), size, 2, 1)
+                      for k in range(lanes // 8)]
+            return half_to_f32(builder, concat(builder, halves))
+
+        blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
+        if not OCT_STEPS:
+            return gathered()
+        n_left = builder.sub(n_blocks, first)
+        values = []
+        with builder.if_else(builder.icmp_unsigned(">=", n_left, _I64(lanes))) as (whole, tail):
+            with whole:
+                values.append((loaded(first), builder.block))
+            with tail:
+                wide = builder.icmp_unsigned(">=", n_blocks, _I64(lanes))
+                with builder.if_else(wide) as (moved, short):
+                    with moved:  # lane l takes block first + l = last window's lanes - left + l
+                        last = loaded(builder.sub(n_blocks, _I64(lanes)))
+                        shift = builder.trunc(builder.sub(_I64(lanes), n_left), _I32)
+                        idx = builder.add(splat_value(builder, shift, lanes),
+                                          ir.Constant(vec(_I32, lanes), list(range(lanes))))
+                        permuted = _call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}",
+                                         vf, last, idx)
+                        zero = ir.Constant(vf, [0.0] * lanes)
+                        values.append((builder.select(mask, permuted, zero), builder.block))
+                    with short:
+                        values.append((gathered(), builder.block))
+                merged = builder.phi(vf)
+                for value, block in values[1:]:
+                    merged.add_incoming(value, block)
+                values[1:] = [(merged, builder.block)]
+        result = builder.phi(vf)
+        for value, block in values:
+            result.add_incoming(value, block)
+        return result
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
