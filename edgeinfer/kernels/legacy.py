@@ -204,6 +204,23 @@ def _hsums(builder, vecs):
     return [builder.extract_element(v, _I32(k)) for v in vecs for k in range(segs)]
 
 
+def _select_by(builder, cases):
+    """The value of the first of `cases` (condition, emit) whose condition holds (the last
+    one's is None: otherwise), each emitted in a branch of its own and joined by a phi."""
+    (cond, emit), rest = cases[0], cases[1:]
+    if cond is None:
+        return emit()
+    with builder.if_else(cond) as (then, otherwise):
+        with then:
+            first = emit(), builder.block
+        with otherwise:
+            other = _select_by(builder, rest), builder.block
+    value = builder.phi(first[0].type)
+    for v, block in (first, other):
+        value.add_incoming(v, block)
+    return value
+
+
 def _opaque(builder, value, constraint="=r,0"):
     """value, unknown to LLVM's optimizer (an empty inline asm), e.g. so that loads at
     addresses made from it are not merged with the same loads elsewhere."""
@@ -467,12 +484,11 @@ class _Tile:
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
         the tile's accumulators (their lanes are summed at the end) W = 8 * BLOCKS_PER_STEP
         blocks at a time from block `start` (AVX2's 8-block step adds its own): each row's
-        minimums gathered from its blocks (vpgatherdd), each token's sums loaded, masked past
-        the last block. Done in the block loop, it was a
-        mostly-zero vector FMA plus the assembly of its operands in every step, about 30% of
-        a decode step's instructions (a 4096-wide Q4_1 matvec is 20% faster without). Kept
-        in separate sums instead, as llama.cpp adds summs after the rest, SmolLM2's golden
-        logits moved further from llama.cpp's."""
+        minimums (_mins), each token's sums loaded, masked past the last block. Done in the
+        block loop, it was a mostly-zero vector FMA plus the assembly of its operands in
+        every step, about 30% of a decode step's instructions (a 4096-wide Q4_1 matvec is
+        20% faster without). Kept in separate sums instead, as llama.cpp adds summs after
+        the rest, SmolLM2's golden logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
         vf, vi = vec(_F32, lanes), vec(_I64, lanes)
         load = cgutils.get_or_insert_function(
@@ -500,53 +516,47 @@ class _Tile:
     def _mins(self, builder, w_row, first, n_blocks, mask):
         """m_w (the f16 at byte 2) of the blocks first .. first + lanes - 1 of a row as f32, 0
         past its end. With AVX-512 from 64-byte loads inside the row and word permutes
-        (block_words): of those blocks where all are there, else of the last `lanes` blocks
-        of the row, moved into place by one vpermps (a gather instead, the only one left in
-        the kernels, cost 3-10% of a 576-wide Q4_1 product at 8 tokens); a gather where the
-        row has fewer blocks than lanes, and on AVX2 (whose 8-block step adds its own)."""
-        lanes, size = mask.type.count, self.block_bytes
-        vf = vec(_F32, lanes)
-
-        def gathered():
-            got = block_dwords(builder, blk0, size, 2, lanes, mask)
-            return half_to_f32(builder, builder.trunc(got, vec(_I16, lanes)))
-
-        def loaded(start):  # blocks start .. start + lanes - 1, all inside the row
-            blk = builder.gep(w_row, [builder.mul(start, _I64(size))])
-            halves = [block_words(builder, builder.gep(blk, [_I64(8 * k * size)]), size, 2, 1)
-                      for k in range(lanes // 8)]
-            return half_to_f32(builder, concat(builder, halves))
-
-        blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
+        (block_words): of those blocks where all are there, else of the row's last `lanes`
+        blocks, moved into place by one vpermps (a gather instead cost 3-10% of a 576-wide
+        Q4_1 product at 8 tokens); by a gather where the row has fewer blocks than lanes,
+        and on AVX2 (whose 8-block step adds its own minimums, this only a tail's)."""
+        lanes = mask.type.count
         if not OCT_STEPS:
-            return gathered()
+            return self._gathered_mins(builder, w_row, first, mask)
         n_left = builder.sub(n_blocks, first)
-        values = []
-        with builder.if_else(builder.icmp_unsigned(">=", n_left, _I64(lanes))) as (whole, tail):
-            with whole:
-                values.append((loaded(first), builder.block))
-            with tail:
-                wide = builder.icmp_unsigned(">=", n_blocks, _I64(lanes))
-                with builder.if_else(wide) as (moved, short):
-                    with moved:  # lane l takes block first + l = last window's lanes - left + l
-                        last = loaded(builder.sub(n_blocks, _I64(lanes)))
-                        shift = builder.trunc(builder.sub(_I64(lanes), n_left), _I32)
-                        idx = builder.add(splat_value(builder, shift, lanes),
-                                          ir.Constant(vec(_I32, lanes), list(range(lanes))))
-                        permuted = _call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}",
-                                         vf, last, idx)
-                        zero = ir.Constant(vf, [0.0] * lanes)
-                        values.append((builder.select(mask, permuted, zero), builder.block))
-                    with short:
-                        values.append((gathered(), builder.block))
-                merged = builder.phi(vf)
-                for value, block in values[1:]:
-                    merged.add_incoming(value, block)
-                values[1:] = [(merged, builder.block)]
-        result = builder.phi(vf)
-        for value, block in values:
-            result.add_incoming(value, block)
-        return result
+        return _select_by(builder, [
+            (builder.icmp_unsigned(">=", n_left, _I64(lanes)),
+             lambda: self._loaded_mins(builder, w_row, first, lanes)),
+            (builder.icmp_unsigned(">=", n_blocks, _I64(lanes)),
+             lambda: self._moved_mins(builder, w_row, n_blocks, n_left, mask)),
+            (None, lambda: self._gathered_mins(builder, w_row, first, mask)),
+        ])
+
+    def _gathered_mins(self, builder, w_row, first, mask):
+        size = self.block_bytes
+        blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
+        got = block_dwords(builder, blk0, size, 2, mask.type.count, mask)
+        return half_to_f32(builder, builder.trunc(got, vec(_I16, mask.type.count)))
+
+    def _loaded_mins(self, builder, w_row, start, lanes: int):
+        """Blocks start .. start + lanes - 1, all inside the row."""
+        size = self.block_bytes
+        blk = builder.gep(w_row, [builder.mul(start, _I64(size))])
+        parts = [block_words(builder, builder.gep(blk, [_I64(8 * k * size)]), size, 2, 1)
+                 for k in range(lanes // 8)]
+        return half_to_f32(builder, concat(builder, parts))
+
+    def _moved_mins(self, builder, w_row, n_blocks, n_left, mask):
+        """The row's last n_left < lanes blocks: lane l takes block n_blocks - n_left + l,
+        lane lanes - n_left + l of the row's last `lanes` blocks."""
+        lanes = mask.type.count
+        vf = vec(_F32, lanes)
+        last = self._loaded_mins(builder, w_row, builder.sub(n_blocks, _I64(lanes)), lanes)
+        shift = builder.trunc(builder.sub(_I64(lanes), n_left), _I32)
+        idx = builder.add(splat_value(builder, shift, lanes),
+                          ir.Constant(vec(_I32, lanes), list(range(lanes))))
+        moved = _call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}", vf, last, idx)
+        return builder.select(mask, moved, ir.Constant(vf, [0.0] * lanes))
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
