@@ -220,8 +220,9 @@ def _steps(builder, count):
 
 
 def _select_by(builder, cases):
-    """The value of the first of `cases` (condition, emit) whose condition holds (the last
-    one's is None: otherwise), each emitted in a branch of its own and joined by a phi."""
+    """The values (a list) of the first of `cases` (condition, emit) whose condition holds
+    (the last one's is None: otherwise), each emitted in a branch of its own and joined by
+    phis."""
     (cond, emit), rest = cases[0], cases[1:]
     if cond is None:
         return emit()
@@ -230,10 +231,13 @@ def _select_by(builder, cases):
             first = emit(), builder.block
         with otherwise:
             other = _select_by(builder, rest), builder.block
-    value = builder.phi(first[0].type)
-    for v, block in (first, other):
-        value.add_incoming(v, block)
-    return value
+    joined = []
+    for k, v in enumerate(first[0]):
+        phi = builder.phi(v.type)
+        for values, block in (first, other):
+            phi.add_incoming(values[k], block)
+        joined.append(phi)
+    return joined
 
 
 def _opaque(builder, value, constraint="=r,0"):
@@ -499,53 +503,66 @@ class _Tile:
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
         the tile's accumulators (their lanes are summed at the end) W = 8 * BLOCKS_PER_STEP
         blocks at a time from block `start` (AVX2's 8-block step adds its own): each row's
-        minimums (_mins), each token's sums loaded, masked past the last block. Done in the
+        minimums (below), each token's sums loaded, masked past the last block. Done in the
         block loop, it was a mostly-zero vector FMA plus the assembly of its operands in
         every step, about 30% of a decode step's instructions (a 4096-wide Q4_1 matvec is
         20% faster without). Kept in separate sums instead, as llama.cpp adds summs after
         the rest, SmolLM2's golden logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
-        vf, vi = vec(_F32, lanes), vec(_I64, lanes)
+        n_left = builder.sub(n_blocks, start)
+        lane = ir.Constant(vec(_I64, lanes), list(range(lanes)))
+
+        def mask_from(first):  # lanes of blocks before the row's end
+            return builder.icmp_signed("<", lane, splat_value(
+                builder, builder.sub(n_blocks, first), lanes))
+
+        if not OCT_STEPS:  # AVX2: the blocks after the 8-block steps, by gathers
+            n_groups = builder.udiv(builder.add(n_left, _I64(lanes - 1)), _I64(lanes))
+            with cgutils.for_range(builder, n_groups) as loop:
+                first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
+                mask = mask_from(first)
+                mins = [self._gathered_mins(builder, w_row, first, mask) for w_row in w_rows]
+                self._fma_mins(builder, toks, first, mask, mins, accs)
+            return
+        # AVX-512: whole groups of `lanes` blocks from loads and permutes, in a loop without
+        # branches, then the last few blocks: the row's last `lanes` blocks moved into place,
+        # or where the row is shorter than that, a gather
+        n_whole = builder.udiv(n_left, _I64(lanes))
+        every = ir.Constant(vec(_I1, lanes), [1] * lanes)
+        with cgutils.for_range(builder, n_whole) as loop:
+            first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
+            mins = [self._loaded_mins(builder, w_row, first, lanes) for w_row in w_rows]
+            self._fma_mins(builder, toks, first, every, mins, accs)
+        first = builder.add(start, builder.mul(n_whole, _I64(lanes)))
+        with builder.if_then(builder.icmp_unsigned("<", first, n_blocks)):
+            mask, n_tail = mask_from(first), builder.sub(n_blocks, first)
+            mins = _select_by(builder, [
+                (builder.icmp_unsigned(">=", n_blocks, _I64(lanes)),
+                 lambda: [self._moved_mins(builder, w_row, n_blocks, n_tail, mask)
+                          for w_row in w_rows]),
+                (None, lambda: [self._gathered_mins(builder, w_row, first, mask)
+                                for w_row in w_rows]),
+            ])
+            self._fma_mins(builder, toks, first, mask, mins, accs)
+
+    @staticmethod
+    def _fma_mins(builder, toks, first, mask, mins, accs):
+        """accs[r][t] += m_w of row r * s_x of token t, lane by lane, for the blocks from
+        `first` (the tokens' sums loaded masked: 0 past the row's end)."""
+        lanes = mask.type.count
+        vf = vec(_F32, lanes)
         load = cgutils.get_or_insert_function(
             builder.module,
             ir.FunctionType(vf, [vf.as_pointer(), _I32, vec(_I1, lanes), vf]),
             f"llvm.masked.load.v{lanes}f32.p0",
         )
-        n_left = builder.sub(n_blocks, start)
-        n_groups = builder.udiv(builder.add(n_left, _I64(lanes - 1)), _I64(lanes))
-        lane = ir.Constant(vi, list(range(lanes)))
-        zero_f = ir.Constant(vf, [0.0] * lanes)
-        with cgutils.for_range(builder, n_groups) as loop:
-            first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
-            left = splat_value(builder, builder.sub(n_blocks, first), lanes)
-            mask = builder.icmp_signed("<", lane, left)
-            mins = [self._mins(builder, w_row, first, n_blocks, mask) for w_row in w_rows]
-            for t, (_, _, xs) in enumerate(toks):
-                ptr = builder.gep(xs, [builder.mul(first, _I64(4))])
-                s_x = builder.call(load, [builder.bitcast(ptr, vf.as_pointer()), _I32(4), mask,
-                                          zero_f])
-                for r, m_w in enumerate(mins):
-                    acc = accs[r][t]
-                    builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
-
-    def _mins(self, builder, w_row, first, n_blocks, mask):
-        """m_w (the f16 at byte 2) of the blocks first .. first + lanes - 1 of a row as f32, 0
-        past its end. With AVX-512 from 64-byte loads inside the row and word permutes
-        (block_words): of those blocks where all are there, else of the row's last `lanes`
-        blocks, moved into place by one vpermps (a gather instead cost 3-10% of a 576-wide
-        Q4_1 product at 8 tokens); by a gather where the row has fewer blocks than lanes,
-        and on AVX2 (whose 8-block step adds its own minimums, this only a tail's)."""
-        lanes = mask.type.count
-        if not OCT_STEPS:
-            return self._gathered_mins(builder, w_row, first, mask)
-        n_left = builder.sub(n_blocks, first)
-        return _select_by(builder, [
-            (builder.icmp_unsigned(">=", n_left, _I64(lanes)),
-             lambda: self._loaded_mins(builder, w_row, first, lanes)),
-            (builder.icmp_unsigned(">=", n_blocks, _I64(lanes)),
-             lambda: self._moved_mins(builder, w_row, n_blocks, n_left, mask)),
-            (None, lambda: self._gathered_mins(builder, w_row, first, mask)),
-        ])
+        for t, (_, _, xs) in enumerate(toks):
+            ptr = builder.bitcast(builder.gep(xs, [builder.mul(first, _I64(4))]),
+                                  vf.as_pointer())
+            s_x = builder.call(load, [ptr, _I32(4), mask, ir.Constant(vf, [0.0] * lanes)])
+            for r, m_w in enumerate(mins):
+                acc = accs[r][t]
+                builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _gathered_mins(self, builder, w_row, first, mask):
         size = self.block_bytes
