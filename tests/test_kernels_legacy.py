@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from edgeinfer.kernels import actquant, legacy  # noqa: F401  (legacy registers the kernels)
+from edgeinfer.kernels import actquant, floats, legacy  # noqa: F401  (they register the kernels)
 from edgeinfer.kernels.registry import QUANT_FORMATS
 from edgeinfer.kernels.target import CPU_FEATURES
 from edgeinfer.linear import Linear

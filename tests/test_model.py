@@ -242,7 +242,7 @@ def test_every_kernel_releases_the_gil():
 
     from numba.core.registry import CPUDispatcher
 
-    names = ["actquant", "attention", "kquants", "legacy", "ops"]
+    names = ["actquant", "attention", "floats", "kquants", "legacy", "ops"]
     kernels = [obj for name in names
                for obj in vars(importlib.import_module(f"edgeinfer.kernels.{name}")).values()
                if isinstance(obj, CPUDispatcher)]

@@ -108,4 +108,4 @@ def _load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    from edgeinfer.kernels import kquants, legacy  # noqa: F401
+    from edgeinfer.kernels import floats, kquants, legacy  # noqa: F401
