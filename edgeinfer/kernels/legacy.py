@@ -561,6 +561,7 @@ class _Tile:
                 builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _gathered_mins(self, builder, w_row, first, mask):
+        """Blocks first .. first + lanes - 1 by one gather, 0 where `mask` is off."""
         size = self.block_bytes
         blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
         got = block_dwords(builder, blk0, size, 2, mask.type.count, mask)
@@ -575,8 +576,9 @@ class _Tile:
         return half_to_f32(builder, concat(builder, parts))
 
     def _moved_mins(self, builder, w_row, n_blocks, n_left, mask):
-        """The row's last n_left < lanes blocks: lane l takes block n_blocks - n_left + l,
-        lane lanes - n_left + l of the row's last `lanes` blocks."""
+        """The row's last n_left < lanes blocks, block n_blocks - n_left + l in lane l (0
+        where `mask` is off): the row's last `lanes` blocks, loaded whole, hold it in their
+        lane lanes - n_left + l, from where one vpermps moves it."""
         lanes = mask.type.count
         vf = vec(_F32, lanes)
         last = self._loaded_mins(builder, w_row, builder.sub(n_blocks, _I64(lanes)), lanes)
