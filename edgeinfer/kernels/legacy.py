@@ -24,7 +24,7 @@ Tiling: one intrinsic call computes a register tile of 1 to 3 rows (_tile_rows) 
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the accumulators stay in
 registers (or, on AVX2's 2-row tiles, in L1) for the whole row; at the end all of a tile's
-accumulators are summed across their lanes together (_hsums). Parallelism: chunks of about
+accumulators are summed across their lanes together (emit.hsums). Parallelism: chunks of about
 ROWS_PER_CHUNK rows, whose weights stay in L1 while the tokens stream past; each thread runs
 a contiguous share of them, then helps with the others' (schedule.py); products under
 SERIAL_WORK run on the calling thread.
@@ -47,6 +47,17 @@ from edgeinfer.kernels.actquant import (
     Q8_0_ACT,
     Q8_0_GROUPED_ACT,
     Q8_1_ACT,
+)
+from edgeinfer.kernels.emit import (
+    Array2D,
+    call,
+    fma,
+    hsums,
+    opaque,
+    prefetch,
+    repeat_lanes,
+    select_by,
+    tree_add,
 )
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.legacy_blocks import (
@@ -105,18 +116,6 @@ def _block_format(code: int) -> tuple:
     return (decode, quad, oct_, ymm if has_min or code & LOGITS else None, *rest)
 
 
-def _call(builder, name: str, ret: ir.Type, *args):
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ret, [a.type for a in args]), name
-    )
-    return builder.call(fn, args)
-
-
-def _fma(builder, a, b, c):
-    """a * b + c, lane-wise, one rounding."""
-    return _call(builder, f"llvm.fma.v{a.type.count}f32", a.type, a, b, c)
-
-
 def _dot_generic(builder, a, b):
     """Portable: sext to i16, even/odd products widened to i32 and added -> <8 x i32>."""
     a16 = builder.sext(a, vec(_I16, 32))
@@ -139,15 +138,15 @@ def _vpdpbusd(builder, acc, u, s):
     n = acc.type.count
     vi = vec(_I32, n)
     name = "llvm.x86.avx512.vpdpbusd.512" if n == 16 else "llvm.x86.avx512.vpdpbusd.256"
-    return _call(builder, name, vi, acc, builder.bitcast(u, vi), builder.bitcast(s, vi))
+    return call(builder, name, vi, acc, builder.bitcast(u, vi), builder.bitcast(s, vi))
 
 
 def _dot_u8s8(builder, u, s):
     """dot of unsigned bytes u with signed bytes s. u <= 128 and |s| <= 127 here, so the i16
     pair sums of vpmaddubsw (<= 32512) cannot saturate."""
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), u, s)
+    pairs = call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), u, s)
     ones = ir.Constant(vec(_I16, 16), [1] * 16)
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", vec(_I32, 8), pairs, ones)
+    return call(builder, "llvm.x86.avx2.pmadd.wd", vec(_I32, 8), pairs, ones)
 
 
 def _dot_signed(builder, a, b, a_unsigned: bool):
@@ -158,48 +157,9 @@ def _dot_signed(builder, a, b, a_unsigned: bool):
         return _dot_generic(builder, a, b)
     if a_unsigned:
         return _dot_u8s8(builder, a, b)
-    abs_a = _call(builder, "llvm.x86.avx2.psign.b", a.type, a, a)
-    signed_b = _call(builder, "llvm.x86.avx2.psign.b", b.type, b, a)
+    abs_a = call(builder, "llvm.x86.avx2.psign.b", a.type, a, a)
+    signed_b = call(builder, "llvm.x86.avx2.psign.b", b.type, b, a)
     return _dot_u8s8(builder, abs_a, signed_b)
-
-
-def _tree_add(builder, values):
-    """Sum of equal-type vectors, in pairs (short dependency chains)."""
-    while len(values) > 1:
-        pairs = zip(values[::2], values[1::2])
-        values = [builder.add(a, b) for a, b in pairs] + values[len(values) // 2 * 2:]
-    return values[0]
-
-
-def _hsums(builder, vecs):
-    """Horizontal sums of equal-width <2^k x float> vectors (a tile's accumulators), each in
-    one order: lane j plus lane j + half, halves down to one lane (hsum_float_8's order on 8
-    lanes). All vectors at once: two of them, each holding segments of w partial sums, become
-    one with twice the segments of w/2 (two shuffles and one add for a whole vector of lanes,
-    where reducing each vector alone costs about three operations per halving)."""
-    lanes = vecs[0].type.count
-    zero = ir.Constant(vecs[0].type, [0.0] * lanes)
-    segs, width = 1, lanes
-    while width > 1:
-        half = width // 2
-        firsts = [s * width + k for s in range(segs) for k in range(half)]
-        if len(vecs) > 1:
-            pairs = zip(vecs[::2], vecs[1::2] if len(vecs) % 2 == 0 else vecs[1::2] + [zero])
-            vecs = [
-                builder.fadd(
-                    shuffle(builder, a, b, firsts + [lanes + i for i in firsts]),
-                    shuffle(builder, a, b, [i + half for i in firsts]
-                             + [lanes + i + half for i in firsts]),
-                )
-                for a, b in pairs
-            ]
-            segs *= 2
-        else:  # one vector left: halve its length
-            v = vecs[0]
-            vecs = [builder.fadd(shuffle(builder, v, v, firsts),
-                                 shuffle(builder, v, v, [i + half for i in firsts]))]
-        width = half
-    return [builder.extract_element(v, _I32(k)) for v in vecs for k in range(segs)]
 
 
 @contextmanager
@@ -213,68 +173,6 @@ def _steps(builder, count):
         return
     with builder.if_then(builder.icmp_unsigned("!=", count, _I64(0))):
         yield _I64(0)
-
-
-def _select_by(builder, cases):
-    """The values (a list) of the first of `cases` (condition, emit) whose condition holds
-    (the last one's is None: otherwise), each emitted in a branch of its own and joined by
-    phis."""
-    (cond, emit), rest = cases[0], cases[1:]
-    if cond is None:
-        return emit()
-    with builder.if_else(cond) as (then, otherwise):
-        with then:
-            first = emit(), builder.block
-        with otherwise:
-            other = _select_by(builder, rest), builder.block
-    joined = []
-    for k, v in enumerate(first[0]):
-        phi = builder.phi(v.type)
-        for values, block in (first, other):
-            phi.add_incoming(values[k], block)
-        joined.append(phi)
-    return joined
-
-
-def _opaque(builder, value, constraint="=r,0"):
-    """value, unknown to LLVM's optimizer (an empty inline asm), e.g. so that loads at
-    addresses made from it are not merged with the same loads elsewhere."""
-    asm = ir.InlineAsm(ir.FunctionType(value.type, [value.type]), "", constraint)
-    return builder.call(asm, [value])
-
-
-def _prefetch(builder, ptr) -> None:
-    """Software prefetch (read, keep in all levels). Small blocks carry few bytes per
-    instruction, so the out-of-order window alone keeps too few cache misses in flight;
-    on this machine the Q4 kernels read DRAM at half the rate of Q8_0 without it."""
-    fn = cgutils.get_or_insert_function(
-        builder.module,
-        ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
-        "llvm.prefetch.p0",
-    )
-    builder.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])
-
-
-class _Array2D:
-    """i8* to row i of a C-contiguous 2-D array argument (any row stride)."""
-
-    def __init__(self, context, builder, arrty, arr):
-        ary = context.make_array(arrty)(context, builder, arr)
-        self.builder = builder
-        self.base = builder.bitcast(ary.data, _I8.as_pointer())
-        self.stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
-        self.n_cols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
-
-    def row(self, i):
-        return self.builder.gep(self.base, [self.builder.mul(i, self.stride)])
-
-
-def _repeat_lanes(builder, values, n: int):
-    """[v0 x n, v1 x n, ...] from scalar f32 values."""
-    v = ir.Constant(vec(_F32, len(values)), None)
-    for k, value in enumerate(values):
-        v = builder.insert_element(v, value, _I32(k))
-    return shuffle(builder, v, v, [k for k in range(len(values)) for _ in range(n)])
 
 
 class _Tile:
@@ -307,7 +205,7 @@ class _Tile:
         value = builder.sitofp(isum, d_w.type)
         total, n = builder.load(acc), value.type.count
         if total.type.count == n:
-            total = _fma(builder, value, builder.fmul(d_w, d_x), total)
+            total = fma(builder, value, builder.fmul(d_w, d_x), total)
         else:
             part = builder.fmul(value, builder.fmul(d_w, d_x))
             zeros = ir.Constant(part.type, [0.0] * n)
@@ -317,19 +215,19 @@ class _Tile:
     def _weights(self, builder, w_row, ahead, i, nb: int):
         """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>)."""
         blks = self._blocks(builder, w_row, i, nb)
-        _prefetch(builder, builder.gep(blks[0], [ahead]))
+        prefetch(builder, builder.gep(blks[0], [ahead]))
         q = self.decode(builder, blks[0])
         if nb == 2:
             q = shuffle(builder, q, self.decode(builder, blks[1]), list(range(64)))
         if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
             q = builder.sub(q, splat(_I8, 32 * nb, self.bias))
-        d = _repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 8)
+        d = repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 8)
         if DOT_PATH == "avx2" and self.toks > 1:  # opaque: else LLVM folds splat(d_w) *
             # splat(d_x) to a scalar product and a broadcast per row x token; one vector
             # product with d_x broadcast from memory is one ALU op fewer (the same f32
             # product: llama.cpp's exact results). One token has nothing to share: there the
             # opaque value cost Q8_0 matvecs 10-15%
-            d = _opaque(builder, d, "=x,0")
+            d = opaque(builder, d, "=x,0")
         return q, d
 
     def _dot(self, builder, q, x, corr):
@@ -357,9 +255,9 @@ class _Tile:
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
         blks = self._blocks(builder, w_row, i, 4)
         for line in range(0, 4 * self.block_bytes, 64):
-            _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+            prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
         lo, hi = self.quad(builder, blks)
-        return lo, hi, _repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 4)
+        return lo, hi, repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 4)
 
     def quad_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+3 (AVX-512 VNNI). Lane group k (4 i32 lanes) of a product holds
@@ -390,10 +288,10 @@ class _Tile:
         """Blocks i..i+7 of one row for oct_step: (4 <64 x u8> registers, d <16 x f32>)."""
         blks = self._blocks(builder, w_row, i, 8)
         for line in range(0, 8 * self.block_bytes, 64):
-            _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+            prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
         # opaque: else LLVM multiplies d_w by d_x in 8 lanes and then copies the product
         # into the upper 8 (a port-5 shuffle per row and token)
-        return self.oct(builder, blks), _opaque(
+        return self.oct(builder, blks), opaque(
             builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
 
     def oct_step(self, builder, w_rows, ahead, toks, i, accs):
@@ -438,7 +336,7 @@ class _Tile:
             return
         for r, w_row in enumerate(w_rows):
             regs, d_w = self._oct_weights(builder, w_row, ahead, i)
-            at = _opaque(builder, i)
+            at = opaque(builder, i)
             for t, tok in enumerate(toks):
                 # the bias correction too is loaded again per row: kept across rows, 8 tokens'
                 # took 8 of the 32 registers and the accumulators spilled (8-token Q8_0 and
@@ -465,12 +363,12 @@ class _Tile:
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
-                _prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
+                prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
             regs = self.ymm(builder, blks)
             if signed:
                 regs = [builder.sub(q, splat(_I8, 32, self.bias)) for q in regs]
             d_w, m_w = ymm_scales(builder, blks[0], self.block_bytes)
-            at = _opaque(builder, i)
+            at = opaque(builder, i)
             x_at, d_at = builder.mul(at, _I64(32)), builder.mul(at, _I64(4))
             for t, (xq, xd, xs) in enumerate(toks):
                 x_regs = [load(builder, xq, builder.add(x_at, _I64(32 * j)), v32)
@@ -479,12 +377,12 @@ class _Tile:
                     parts = [_dot_signed(builder, q, x, a_unsigned=False)
                              for q, x in zip(regs, x_regs)]
                 else:
-                    pairs = [_call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
+                    pairs = [call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(_I16, 16), q, x)
                              for q, x in zip(regs, x_regs)]
-                    parts = [_call(builder, "llvm.x86.avx2.pmadd.wd", vi,
-                                   _tree_add(builder, pairs[k:k + per_sum]), ones)
+                    parts = [call(builder, "llvm.x86.avx2.pmadd.wd", vi,
+                                   tree_add(builder, pairs[k:k + per_sum]), ones)
                              for k in range(0, 8, per_sum)]
-                isum = _tree_add(builder, parts)
+                isum = tree_add(builder, parts)
                 if self.bias and not signed:  # the quantizer stored minus each block's sum
                     corr = load(builder, xs, d_at, vi)
                     isum = builder.add(isum, builder.mul(corr, ir.Constant(vi, [self.bias] * 8)))
@@ -493,7 +391,7 @@ class _Tile:
                 if self.has_min:  # the minimums' term, in place
                     s_x = load(builder, xs, d_at, vec(_F32, 8))
                     acc = accs[r][t]
-                    builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
+                    builder.store(fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _add_mins(self, builder, w_rows, toks, start, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
@@ -532,7 +430,7 @@ class _Tile:
         first = builder.add(start, builder.mul(n_whole, _I64(lanes)))
         with builder.if_then(builder.icmp_unsigned("<", first, n_blocks)):
             mask, n_tail = mask_from(first), builder.sub(n_blocks, first)
-            mins = _select_by(builder, [
+            mins = select_by(builder, [
                 (builder.icmp_unsigned(">=", n_blocks, _I64(lanes)),
                  lambda: [self._moved_mins(builder, w_row, n_blocks, n_tail, mask)
                           for w_row in w_rows]),
@@ -558,7 +456,7 @@ class _Tile:
             s_x = builder.call(load, [ptr, _I32(4), mask, ir.Constant(vf, [0.0] * lanes)])
             for r, m_w in enumerate(mins):
                 acc = accs[r][t]
-                builder.store(_fma(builder, m_w, s_x, builder.load(acc)), acc)
+                builder.store(fma(builder, m_w, s_x, builder.load(acc)), acc)
 
     def _gathered_mins(self, builder, w_row, first, mask):
         """Blocks first .. first + lanes - 1 by one gather, 0 where `mask` is off."""
@@ -585,12 +483,12 @@ class _Tile:
         shift = builder.trunc(builder.sub(_I64(lanes), n_left), _I32)
         idx = builder.add(splat_value(builder, shift, lanes),
                           ir.Constant(vec(_I32, lanes), list(range(lanes))))
-        moved = _call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}", vf, last, idx)
+        moved = call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}", vf, last, idx)
         return builder.select(mask, moved, ir.Constant(vf, [0.0] * lanes))
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
-            _Array2D(context, builder, sig.args[k], args[k]) for k in (3, 5, 6, 7, 9)
+            Array2D(context, builder, sig.args[k], args[k]) for k in (3, 5, 6, 7, 9)
         )
         r0, t0 = args[4], args[8]
         w_rows = [w.row(builder.add(r0, _I64(r))) for r in range(self.rows)]
@@ -635,7 +533,7 @@ class _Tile:
             ):
                 self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
         totals = [builder.load(accs[r][t]) for r in range(self.rows) for t in range(self.toks)]
-        for k, total in enumerate(_hsums(builder, totals)[: self.rows * self.toks]):
+        for k, total in enumerate(hsums(builder, totals)[: self.rows * self.toks]):
             r, t = divmod(k, self.toks)
             ptr = builder.gep(
                 out.row(builder.add(t0, _I64(t))),
