@@ -330,13 +330,29 @@ def test_disconnect_non_stream_frees_slot(server):
 
 
 def test_keep_alive_pings(server):
-    # cache_prompt off: a prompt the slot already holds (this test run twice on one server,
-    # or a retry) is not processed again, and then no ping falls due before the first token
-    body = {"prompt": "word " * 90, "n_predict": 2, "stream": True, "sse_ping_interval": 0.002,
-            "cache_prompt": False, **GREEDY}
-    with httpx.stream("POST", server.url + "/completion", json=body) as r:
-        raw = r.read().decode()
-    assert ":\n\n" in raw  # SSE comments while the prompt was processed
+    """A request waiting for its slot (pinned behind a long generation there) has nothing to
+    send: `:` comments keep the connection alive every sse_ping_interval. (Timing the pings
+    against a prompt's processing instead was flaky: on the tiny model it can end within the
+    interval.)"""
+    busy = {"prompt": "Go on forever", "n_predict": 480, "ignore_eos": True, "id_slot": 3,
+            "stream": True, **GREEDY}
+    body = {"prompt": "word " * 20, "n_predict": 2, "stream": True, "sse_ping_interval": 0.002,
+            "id_slot": 3, **GREEDY}
+    generating = threading.Event()
+
+    def hold_the_slot():
+        with httpx.stream("POST", server.url + "/completion", json=busy, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    generating.set()
+
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(hold_the_slot)
+        assert generating.wait(30), long.exception()
+        with httpx.stream("POST", server.url + "/completion", json=body, timeout=60) as r:
+            raw = r.read().decode()
+        long.result()
+    assert ":\n\n" in raw[:raw.index("data: ")]  # pings while it waited for slot 3
     assert json.loads(sse_events(raw.split("\n"))[-1])["stop"] is True
 
 
