@@ -8,7 +8,7 @@ from numba.core import cgutils
 
 from edgeinfer.kernels.legacy_blocks import shuffle, vec
 
-_I8, _I32, _I64 = (ir.IntType(n) for n in (8, 32, 64))
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
 _F32 = ir.FloatType()
 
 
