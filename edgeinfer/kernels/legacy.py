@@ -445,7 +445,7 @@ class _Tile:
         `first` (the tokens' sums loaded masked: 0 past the row's end)."""
         lanes = mask.type.count
         vf = vec(_F32, lanes)
-        load = cgutils.get_or_insert_function(
+        masked_load = cgutils.get_or_insert_function(
             builder.module,
             ir.FunctionType(vf, [vf.as_pointer(), _I32, vec(_I1, lanes), vf]),
             f"llvm.masked.load.v{lanes}f32.p0",
@@ -453,7 +453,7 @@ class _Tile:
         for t, (_, _, xs) in enumerate(toks):
             ptr = builder.bitcast(builder.gep(xs, [builder.mul(first, _I64(4))]),
                                   vf.as_pointer())
-            s_x = builder.call(load, [ptr, _I32(4), mask, ir.Constant(vf, [0.0] * lanes)])
+            s_x = builder.call(masked_load, [ptr, _I32(4), mask, ir.Constant(vf, [0.0] * lanes)])
             for r, m_w in enumerate(mins):
                 acc = accs[r][t]
                 builder.store(fma(builder, m_w, s_x, builder.load(acc)), acc)
