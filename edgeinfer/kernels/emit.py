@@ -91,6 +91,21 @@ def opaque(builder, value, constraint="=r,0"):
     return builder.call(asm, [value])
 
 
+def fence(builder, values, reg: str = "x"):
+    """values, all passed through one empty inline asm: the instructions that use its
+    results cannot be scheduled before every one of its inputs is computed. A scheduling
+    barrier between the steps of an unrolled loop whose steps LLVM would otherwise
+    interleave (and so keep more registers live than there are)."""
+    n = len(values)
+    if n == 1:
+        return [opaque(builder, values[0], f"={reg},0")]
+    ret = ir.LiteralStructType([v.type for v in values])
+    constraint = ",".join([f"={reg}"] * n + [str(k) for k in range(n)])
+    asm = ir.InlineAsm(ir.FunctionType(ret, [v.type for v in values]), "", constraint)
+    out = builder.call(asm, values)
+    return [builder.extract_value(out, k) for k in range(n)]
+
+
 def prefetch(builder, ptr) -> None:
     """Software prefetch (read, keep in all levels). Small blocks carry few bytes per
     instruction, so the out-of-order window alone keeps too few cache misses in flight;
