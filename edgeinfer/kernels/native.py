@@ -12,8 +12,9 @@ use.
 Both sides take the argument types from one table, SIGNATURES: `address` compiles (or
 loads from the cache) a kernel's overload for exactly those types, and `call` refuses to
 compile a call site whose arguments differ (a writable array where the kernel takes a
-read-only one is the one difference allowed: the same data model). A mistake is then a
-TypingError at compile time, never a call with the wrong layout.
+read-only one, or a C-contiguous one where it takes any layout, are the differences allowed:
+the same data model). A mistake is then a TypingError at compile time, never a call with the
+wrong layout.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def _array(dtype, ndim: int, readonly: bool = False) -> types.Array:
 
 _F32_1, _F32_2, _F32_3 = (_array(types.float32, n) for n in (1, 2, 3))
 _I32_1 = _array(types.int32, 1)
-_KV = _array(types.uint16, 4)  # one layer of the F16 KV cache (n_slots, n_ctx, n_kv, hd)
+# one layer of the F16 KV cache (n_slots, n_ctx, n_kv, hd), stored head-major (model.KVCache):
+# any layout whose head dimension is contiguous; a C-contiguous array fits too
+_KV = types.Array(types.uint16, 4, "A")
 
 SIGNATURES: dict[str, tuple[types.Type, ...]] = {
     # registry.py: kernel(w, xq, xd, xs, xf, out), the weight rows read-only (the GGUF map)
@@ -88,6 +91,8 @@ def weight_rows_from_python(addr: int, n_rows: int, n_cols: int) -> np.ndarray:
 
 def _fits(given: types.Type, wanted: types.Type) -> bool:
     if isinstance(given, types.Array) and isinstance(wanted, types.Array):
+        if given.layout == "C" and wanted.layout == "A":  # the same data model
+            given = given.copy(layout="A")
         return given.copy(readonly=not wanted.mutable) == wanted
     return given == wanted
 
