@@ -38,20 +38,24 @@ from edgeinfer.kernels.target import AVX512_VNNI, DOT_PATH
 
 QK8 = 32  # values per Q8_0 / Q8_1 block
 
-# Grouped layout of xq (AVX2 and AVX-512 VNNI hosts): each run of GROUP = 8 whole blocks is
-# stored as the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it
-# loads them as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8]
-# (values 4m..4m+3) of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles
-# give, two registers from the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads
-# each as two 32-byte registers, lane l of each holding block l. Blocks past the last whole
-# group keep the natural order. `natural_order` undoes it. Grouped Q8_0 activations also
-# carry, per group, minus the sum of each of its SUM_LANES register lanes (int32 in xs's
-# bits): the weights' bias correction (legacy: u = value + bias, so dot = sum(u * x) -
-# bias * sum(x)), taken once per input instead of once per tile of rows; on AVX2 lane l's
-# sum is block l's. On AVX2 the layers' Q8_0 activations stay in natural order: Q8_0, Q4_0
-# and Q5_0 keep llama.cpp's own block-by-block order there, and so its exact results
-# (legacy.YMM_STEPS); only their output-head kernels take the 8-block step.
+# Grouped layout of xq (AVX2 and AVX-512 VNNI hosts): each run of GROUP = 8 whole blocks is stored
+# as the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it loads them
+# as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8] (values 4m..4m+3)
+# of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles give, two registers from
+# the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads each as two 32-byte registers,
+# lane l of each holding block l. Blocks past the last whole group keep the natural order (on AVX2,
+# pairs of them: PAIRS). `natural_order` undoes it. Grouped Q8_0 activations also carry, per group,
+# minus the sum of each of its SUM_LANES register lanes (int32 in xs's bits): the weights' bias
+# correction (legacy: u = value + bias, so dot = sum(u * x) - bias * sum(x)), taken once per input
+# instead of once per tile of rows; on AVX2 lane l's sum is block l's. On AVX2 the layers' Q8_0
+# activations stay in natural order: Q8_0, Q4_0 and Q5_0 keep llama.cpp's own block-by-block order
+# there, and so its exact results (legacy.YMM_STEPS); only their output-head kernels take the
+# 8-block step.
 GROUP = 8 if AVX512_VNNI or DOT_PATH == "avx2" else 0
+# AVX2: the blocks past the last whole group, two at a time, in pair order (legacy's pair
+# step): the second 16 bytes of block A swapped with the first 16 of block B, so that a
+# 32-byte register holds values 0..15 (then 16..31) of both. An odd last block stays as it is.
+PAIRS = DOT_PATH == "avx2" and GROUP != 0
 # activation formats stored grouped
 GROUPED = {"q8_0": AVX512_VNNI, "q8_0_grouped": GROUP != 0, "q8_1": GROUP != 0}
 SUM_LANES = 16 if AVX512_VNNI else 8  # 32-bit lanes of the 8-block step's registers
@@ -187,15 +191,31 @@ def natural_order(xq: np.ndarray, fmt_name: str) -> np.ndarray:
     natural = np.empty_like(stored)
     natural[:, :, _GROUP_SOURCE] = stored
     out[:, :n_grouped] = natural.reshape(n_tok, -1).view(np.int8)
+    if PAIRS:  # the pair swap is its own inverse
+        for t in range(n_tok):
+            _pair_blocks(out[t])
     return out
 
 
 @njit(cache=True, nogil=True)
 def _group_blocks(xq) -> None:
-    """Every whole group of a quantized row into the grouped order (see GROUP)."""
+    """Every whole group of a quantized row into the grouped order (see GROUP), and on AVX2
+    the blocks after them into pair order (PAIRS)."""
     if GROUP:
         for i0 in range(0, xq.shape[0] - GROUP * QK8 + 1, GROUP * QK8):
             _regroup(xq, i0)
+    if PAIRS:
+        _pair_blocks(xq)
+
+
+@njit(cache=True, nogil=True)
+def _pair_blocks(xq) -> None:
+    """Blocks past the last whole group, two at a time: A's bytes 16..31 swapped with B's
+    0..15 (PAIRS)."""
+    start = xq.shape[0] // (GROUP * QK8) * GROUP * QK8
+    for a in range(start, xq.shape[0] - 2 * QK8 + 1, 2 * QK8):
+        for k in range(16):
+            xq[a + 16 + k], xq[a + QK8 + k] = xq[a + QK8 + k], xq[a + 16 + k]
 
 
 @njit(cache=True, nogil=True)

@@ -12,6 +12,8 @@ VNNI's u8 x s8 product needs no sign trick:
 |         |        | value dword GROUP_DWORDS[k][l // 8] of block l % 8)                     |
 | ymm     | 8      | the same as eight <32 x u8> (AVX2: register j, lane b: value dword      |
 |         |        | YMM_DWORDS[j] of block b; the `_1` formats, and the others' head)       |
+| pair    | 2      | two <32 x i8>: values 0..15 of blocks A, B, then 16..31 (AVX2, the      |
+|         |        | blocks past a row's last 8-block group; signed values where BIAS > 0)   |
 
 Layouts: Q8_0 d f16 | qs i8[32]; Q4_0 d | qs u8[16]; Q4_1 d | m f16 | qs; Q5_0 d | qh u32 |
 qs; Q5_1 d | m | qh | qs. A nibble format's low nibbles are values 0..15, high 16..31; qh bit
@@ -385,19 +387,81 @@ def _ymm_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
+# ---- AVX2 pair decoders (the same kernels as the ymm ones, for the blocks past a row's last
+# whole group of 8): (builder, 2 block ptrs) -> two <32 x i8>, register h holding values
+# 16h..16h+15 of block A in its low 16 bytes and of block B in its high 16 (actquant's pair
+# order), so that i32 lanes 0-3 of a product are A's and 4-7 B's. Values are the weights
+# themselves, signed where the format has a bias (the sign trick multiplies them), unsigned
+# nibbles for the `_1` formats.
+
+
+def _pair_bytes(builder, blks, offset):
+    """16 bytes at `offset` of blocks A and B: <32 x i8> [A's | B's]."""
+    v16 = vec(_I8, 16)
+    return shuffle(builder, load(builder, blks[0], offset, v16),
+                   load(builder, blks[1], offset, v16), list(range(32)))
+
+
+def _pair_nibbles(builder, blks, offset):
+    qs = _pair_bytes(builder, blks, offset)
+    return [builder.and_(qs, splat(_I8, 32, 0x0F)), builder.lshr(qs, splat(_I8, 32, 4))]
+
+
+def _pair_high_bits(builder, blks, offset):
+    """The 5th bits (qh bit j for value j) as 16 or 0 in the two pair registers."""
+    v4 = vec(_I8, 4)
+    qh = shuffle(builder, load(builder, blks[0], offset, v4), load(builder, blks[1], offset, v4),
+                 list(range(8)))
+    regs = []
+    for half in (0, 1):  # values 0..15, then 16..31
+        values = [16 * half + k % 16 for k in range(32)]
+        spread = shuffle(builder, qh, qh, [4 * (k // 16) + v // 8 for k, v in enumerate(values)])
+        bit = builder.and_(spread, ir.Constant(vec(_I8, 32), [1 << (v % 8) for v in values]))
+        is_set = builder.icmp_unsigned("!=", bit, splat(_I8, 32, 0))
+        regs.append(builder.select(is_set, splat(_I8, 32, 16), splat(_I8, 32, 0)))
+    return regs
+
+
+def _biased(builder, regs, bias: int):
+    return [builder.sub(q, splat(_I8, 32, bias)) for q in regs]
+
+
+def _pair_q8_0(builder, blks):
+    return [_pair_bytes(builder, blks, 2), _pair_bytes(builder, blks, 18)]
+
+
+def _pair_q4_0(builder, blks):
+    return _biased(builder, _pair_nibbles(builder, blks, 2), 8)
+
+
+def _pair_q4_1(builder, blks):
+    return _pair_nibbles(builder, blks, 4)
+
+
+def _pair_q5_0(builder, blks):
+    nib, hb = _pair_nibbles(builder, blks, 6), _pair_high_bits(builder, blks, 2)
+    return _biased(builder, [builder.or_(a, b) for a, b in zip(nib, hb)], 16)
+
+
+def _pair_q5_1(builder, blks):
+    nib, hb = _pair_nibbles(builder, blks, 8), _pair_high_bits(builder, blks, 4)
+    return [builder.or_(a, b) for a, b in zip(nib, hb)]
+
+
 def splat_value(builder, value, n: int):
     """A runtime scalar in all n lanes."""
     v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
     return shuffle(builder, v, v, [0] * n)
 
 
-# GGML type code -> (decoder, quad decoder, oct decoder, AVX2 oct decoder, block bytes, bias
-# added by the decoders, largest decoded byte, has a minimum: the `_1` formats, which
-# multiply Q8_1 activations)
+# GGML type code -> (decoder, quad decoder, oct decoder, AVX2 oct decoder, AVX2 pair decoder,
+# block bytes, bias added by the decoders, largest decoded byte, has a minimum: the `_1`
+# formats, which multiply Q8_1 activations)
 BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, 34, 128, 255, False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, 18, 8, 15, False),
-    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, 20, 0, 15, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, 22, 16, 31, False),
-    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, 24, 0, 31, True),
+    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, _pair_q8_0, 34, 128, 255,
+                  False),
+    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, _pair_q4_0, 18, 8, 15, False),
+    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, _pair_q4_1, 20, 0, 15, True),
+    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, _pair_q5_0, 22, 16, 31, False),
+    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, _pair_q5_1, 24, 0, 31, True),
 }
