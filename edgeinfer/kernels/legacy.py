@@ -345,6 +345,16 @@ class _Tile:
                 # Q5_0 products 5-15% slower)
                 add(accs[r][t], regs, d_w, *token(at, *tok))
 
+    def _rows_here(self, builder):
+        """The tokens' activation rows, computed in the step from the first token's and the
+        row strides (hidden from LLVM so that it does not hoist them): the 24 row pointers of
+        8 tokens, kept across the block loop, spilled and came back as loads on the ports
+        the activations need (Zen 3, 8-token Q4_1 and head products 2-3% faster)."""
+        first, strides = self.firsts
+        strides = [opaque(builder, st) for st in strides]
+        return [[builder.gep(base, [builder.mul(_I64(t), st)]) for base, st in zip(first, strides)]
+                for t in range(self.toks)]
+
     def ymm_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+7 (AVX2: the `_1` formats, and the others' output head; grouped
         activations). Register j, lane b of weights and activations holds value dword
@@ -362,6 +372,8 @@ class _Tile:
         signed = self.max_u > 127  # Q8_0: llama.cpp's sign trick, a vpmaddwd per register
         per_sum = 1 if signed else 32767 // (2 * 127 * self.max_u)
         ones = ir.Constant(vec(_I16, 16), [1] * 16)
+        if len(toks) > 1:
+            toks = self._rows_here(builder)
         for r, w_row in enumerate(w_rows):
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
@@ -560,6 +572,7 @@ class _Tile:
         for t in range(self.toks):
             tok = builder.add(t0, _I64(t))
             toks.append([xq.row(tok), xd.row(tok), xs.row(tok)])
+        self.firsts = (toks[0], [xq.stride, xd.stride, xs.stride])
         # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
         n_blocks = builder.udiv(w.n_cols, _I64(self.block_bytes))
         zero = ir.Constant(vec(_F32, 8 * BLOCKS_PER_STEP), [0.0] * 8 * BLOCKS_PER_STEP)
