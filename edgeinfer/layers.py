@@ -161,6 +161,22 @@ def _add_residual(k, x, o, post_norm, eps, h):
         call("add_inplace", k.add_inplace, (x, o))
 
 
+# The matrix kernels take tokens in register tiles of 8 and 4 (and 2 or 1 by type); a count
+# between them went as two overlapping smaller tiles, each decoding every weight block again:
+# 3 tokens took longer than 4, and 5-7 longer than 8 (SmolLM2 decode steps, Zen 5: 5.2 ms at
+# 3 against 4.7 at 4; 7.6-7.8 ms at 5-7 against 6.7 at 8). So those counts run as the tile
+# above, when the buffers have the rows: every token's outputs are the same bits in any tile.
+PAD_TO = (1, 2, 4, 4, 8, 8, 8, 8)  # product rows for 1..8 tokens
+
+
+@njit(cache=True, nogil=True)
+def product_rows(n, capacity):
+    """Rows the matrix products of n tokens run on, given buffers of `capacity` rows."""
+    if n > len(PAD_TO):
+        return n
+    return min(PAD_TO[n - 1], capacity) if n > 0 else n
+
+
 @njit(cache=True, nogil=True)
 def run_layers(n, positions, slots, t, b, c, k):
     """Tokens b.x[:n] (already embedded) at positions (n,) in cache slots (n,), int32,
@@ -169,11 +185,15 @@ def run_layers(n, positions, slots, t, b, c, k):
     x, h, o = b.x[:n], b.h[:n], b.o[:n]  # (n, n_embd)
     q, kk, v, attn = b.q[:n], b.k[:n], b.v[:n], b.attn[:n]  # (n, n_head|n_kv, hd)
     gate, up, act = b.gate[:n], b.up[:n], b.act[:n]  # (n, n_ff)
-    qkv = (q.reshape((n, -1)), kk.reshape((n, -1)), v.reshape((n, -1)))  # projection rows
+    # the matrix products run on p >= n rows (product_rows): rows past n are stale, unused
+    p = product_rows(n, b.x.shape[0])
+    h_p, o_p, attn_p = b.h[:p], b.o[:p], b.attn[:p].reshape((p, -1))
+    qkv = (b.q[:p].reshape((p, -1)), b.k[:p].reshape((p, -1)), b.v[:p].reshape((p, -1)))
+    ffn = (b.gate[:p], b.up[:p], b.up[:p])
     for il in range(t.swa.shape[0]):
         # attention sub-block
         call("rms_norm", _rows(k.rms_norm, n), (x, t.attn_norm[il], c.eps, h))  # (n, n_embd)
-        _project(h, t, il, _i64(ATTN_Q), _i64(3), qkv, b)  # (n, n_head|n_kv, hd)
+        _project(h_p, t, il, _i64(ATTN_Q), _i64(3), qkv, b)  # (p, n_head|n_kv, hd)
         _add_bias(k, qkv[0], t.attn_q_bias[il])
         _add_bias(k, qkv[1], t.attn_k_bias[il])
         _add_bias(k, qkv[2], t.attn_v_bias[il])
@@ -195,17 +215,17 @@ def run_layers(n, positions, slots, t, b, c, k):
         call("attention", k.attention, (q, kc, vc, slots, positions, window, c.score_scale,
                                         b.scores, b.attn_shared, attn,  # (n, n_head, hd)
                                         k.attention_task))
-        _project(attn.reshape((n, -1)), t, il, _i64(ATTN_OUTPUT), _i64(1), (o, o, o), b)
+        _project(attn_p, t, il, _i64(ATTN_OUTPUT), _i64(1), (o_p, o_p, o_p), b)
         _add_bias(k, o, t.attn_output_bias[il])  # (n, n_embd)
         _add_residual(k, x, o, t.post_attention_norm[il], c.eps, h)
         # feed-forward sub-block
         call("rms_norm", _rows(k.rms_norm, n), (x, t.ffn_norm[il], c.eps, h))  # (n, n_embd)
-        _project(h, t, il, _i64(FFN_GATE), _i64(2), (gate, up, up), b)  # (n, n_ff) x2
+        _project(h_p, t, il, _i64(FFN_GATE), _i64(2), ffn, b)  # (p, n_ff) x2
         if c.gelu:
             call("geglu", _rows(k.glu, n), (gate, up, c.gelu_table, act))  # (n, n_ff)
         else:
             call("swiglu", _rows(k.glu, n), (gate, up, act))
-        _project(act, t, il, _i64(FFN_DOWN), _i64(1), (o, o, o), b)  # (n, n_embd)
+        _project(b.act[:p], t, il, _i64(FFN_DOWN), _i64(1), (o_p, o_p, o_p), b)  # (p, n_embd)
         _add_residual(k, x, o, t.post_ffw_norm[il], c.eps, h)
 
 

@@ -19,7 +19,16 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
 from edgeinfer.kernels.attention import scratch_floats, shared_floats
 from edgeinfer.kernels.flash import flash_scratch_floats
-from edgeinfer.layers import LINEARS, Buffers, kernels, layer_table, numerics, run_layers
+from edgeinfer.layers import (
+    LINEARS,
+    PAD_TO,
+    Buffers,
+    kernels,
+    layer_table,
+    numerics,
+    product_rows,
+    run_layers,
+)
 from edgeinfer.linear import ActScratch, project
 from edgeinfer.weights import Weights
 
@@ -107,6 +116,8 @@ class Transformer:
         self.layers = layer_table(weights.blocks, config.swa_layers)
         self.numerics = numerics(config, weights, n_ctx)
         self.kernels = kernels(self.layers, self.numerics, flash_attn)
+        # the head's padded rows (layers.product_rows); resident only once a batch uses them
+        self.padded_logits = _lazy_zeros((len(PAD_TO), config.n_vocab), np.float32)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                 logit_rows: np.ndarray, logits: np.ndarray) -> None:
@@ -142,9 +153,13 @@ class Transformer:
             return
         m = len(rows)
         picked = np.take(x, rows, axis=0, out=self.buffers.o[:m])  # (m, n_embd); o is free
-        h = self.buffers.h[:m]  # (m, n_embd)
-        ops.rms_norm(picked, w.output_norm, c.norm_eps, h)
-        project(h, (w.output,), (logits,), self.scratch)  # (m, n_vocab)
+        ops.rms_norm(picked, w.output_norm, c.norm_eps, self.buffers.h[:m])  # (m, n_embd)
+        p = product_rows(m, min(len(self.buffers.h), len(self.padded_logits)))
+        if p == m:
+            project(self.buffers.h[:m], (w.output,), (logits,), self.scratch)  # (m, n_vocab)
+        else:  # one tile of p rows (m..p stale), then the m rows copied out
+            project(self.buffers.h[:p], (w.output,), (self.padded_logits[:p],), self.scratch)
+            logits[:] = self.padded_logits[:m]
         if w.output_bias is not None:
             ops.add_bias(logits, w.output_bias)
         if c.final_softcap:

@@ -102,6 +102,36 @@ def test_batched_slots_equal_single(model_dir):
     np.testing.assert_allclose(out, np.stack(alone), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_every_batch_size_equals_single_bit_for_bit(model_dir, qtype):
+    """1..8 sequences at different positions in one decode step: each one's logits are the
+    same bits as its step alone. Counts between the kernels' token tiles (3, 5-7) run their
+    products on padded rows (layers.product_rows), whose stale contents must not leak: the
+    buffers are filled with NaN first."""
+    path = model_dir / f"gemma3-{qtype.name}-batch.gguf"
+    write_tiny_model(path, "gemma3", qtype, tied=False)
+    model = Model.load(path, n_ctx=64, n_slots=8)
+    tf, n_vocab = model.transformer, model.config.n_vocab
+    seqs = [TOKENS[: 2 + s] for s in range(8)]  # slot s: a prompt of 2 + s tokens
+    for s, seq in enumerate(seqs):
+        r = np.arange(len(seq) - 1, dtype=np.int32)
+        tf.forward(np.array(seq[:-1], np.int32), r, np.full(len(r), s, np.int32), r[:0],
+                   np.zeros((0, n_vocab), np.float32))
+    last = np.array([seq[-1] for seq in seqs], np.int32)
+    pos = np.array([len(seq) - 1 for seq in seqs], np.int32)
+    alone = np.zeros((8, n_vocab), np.float32)
+    for s in range(8):
+        one = np.arange(s, s + 1, dtype=np.int32)
+        tf.forward(last[one], pos[one], one, np.zeros(1, np.int32), alone[s : s + 1])
+    for b in range(1, 9):
+        for buf in (tf.buffers.h, tf.buffers.attn, tf.buffers.act, tf.padded_logits):
+            buf.fill(np.nan)
+        out = np.zeros((b, n_vocab), np.float32)
+        ids = np.arange(b, dtype=np.int32)
+        tf.forward(last[:b], pos[:b], ids, ids, out)
+        np.testing.assert_array_equal(out, alone[:b], err_msg=f"{b} sequences")
+
+
 def test_sliding_window_masks_old_keys(model_dir):
     """gemma3 local layers (window 4) must ignore keys further back: changing token 0 changes
     nothing at position 9 only if every layer is local, so instead compare with the reference,
