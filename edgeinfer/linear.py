@@ -8,6 +8,7 @@ every weight's kernel runs on them.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -42,13 +43,26 @@ class Linear:
         return replace(self, fmt=self.fmt.for_logits)
 
 
-def _aligned_zeros(n: int, dtype, align: int = 64) -> np.ndarray:
-    """Zeros starting on a cache line (numpy only promises 16 bytes): the kernels' 64-byte
-    vector loads of a row then never straddle two lines, each of which costs two loads."""
-    itemsize = np.dtype(dtype).itemsize
-    raw = np.zeros(n * itemsize + align, dtype=np.uint8)
-    start = -raw.ctypes.data % align
-    return raw[start : start + n * itemsize].view(dtype)
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Private, page-aligned zeros whose memory becomes resident 4 KiB at a time, as a batch
+    or the tokens reach it: the KV cache, the activation buffers and scratch, sized at load
+    for the longest batch. numpy asks for 2 MiB transparent huge pages on large arrays, and
+    a cache whose layers each take the first rows of their own huge page made a short run
+    resident in all of them (+86 MB for SmolLM2 at 4096 tokens); and its smaller zeros come
+    from the heap, written. Attention speed is the same on small pages."""
+    n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if n_bytes == 0:
+        return np.zeros(shape, dtype)
+    if hasattr(mmap, "MAP_PRIVATE"):  # Unix: anonymous (fd -1), private to this process
+        buf = mmap.mmap(-1, n_bytes, flags=mmap.MAP_PRIVATE)
+    else:
+        buf = mmap.mmap(-1, n_bytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: nothing to avoid
+            pass
+    return np.frombuffer(buf, dtype).reshape(shape)
 
 
 class ActScratch:
@@ -56,10 +70,12 @@ class ActScratch:
 
     def __init__(self, n_tokens: int, n_in_max: int):
         size = n_tokens * n_in_max
-        self.xq = _aligned_zeros(size, np.int8)
-        self.xd = _aligned_zeros(size // 16 + 1, np.float32)
-        self.xs = _aligned_zeros(size // 16 + 1, np.float32)
-        self.xf = _aligned_zeros(size, np.float32)
+        # page-aligned (lazy_zeros): the kernels' 64-byte vector loads of a row never
+        # straddle two cache lines, each of which costs two loads
+        self.xq = lazy_zeros((size,), np.int8)
+        self.xd = lazy_zeros((size // 16 + 1,), np.float32)
+        self.xs = lazy_zeros((size // 16 + 1,), np.float32)
+        self.xf = lazy_zeros((size,), np.float32)
         self._views: dict[tuple[str, int, int], tuple] = {}
 
     def views(self, act: ActFormat, n: int, n_in: int) -> tuple:

@@ -10,8 +10,6 @@ at load.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 
 from edgeinfer.config import ModelConfig
@@ -29,7 +27,7 @@ from edgeinfer.layers import (
     product_rows,
     run_layers,
 )
-from edgeinfer.linear import ActScratch, project
+from edgeinfer.linear import ActScratch, lazy_zeros, project
 from edgeinfer.weights import Weights
 
 
@@ -44,8 +42,8 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, n_ctx: int, n_slots: int):
         stored = (config.n_layer, n_slots, config.n_head_kv, n_ctx, config.head_dim)
-        self.k = _lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, S, ctx, kv, hd)
-        self.v = _lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
+        self.k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, S, ctx, kv, hd)
+        self.v = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
         self.n_ctx, self.n_slots = n_ctx, n_slots
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
@@ -55,47 +53,28 @@ class KVCache:
             self.v[:, dst, :n_tokens] = self.v[:, src, :n_tokens]
 
 
-def _lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """Private zeros whose memory becomes resident 4 KiB at a time, as tokens are written.
-    numpy asks for 2 MiB transparent huge pages on large arrays, and a cache whose layers
-    each take the first rows of their own huge page made a short run resident in all of
-    them (+86 MB for SmolLM2 at 4096 tokens). Attention speed is the same on small pages."""
-    n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    if n_bytes == 0:
-        return np.zeros(shape, dtype)
-    if hasattr(mmap, "MAP_PRIVATE"):  # Unix: anonymous (fd -1), private to this process
-        buf = mmap.mmap(-1, n_bytes, flags=mmap.MAP_PRIVATE)
-    else:
-        buf = mmap.mmap(-1, n_bytes)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_NOHUGEPAGE)
-        except OSError:  # a kernel without transparent huge pages: nothing to avoid
-            pass
-    return np.frombuffer(buf, dtype).reshape(shape)
-
-
 def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
                      scratch: ActScratch, cache: KVCache) -> Buffers:
     """The layer loop's activation buffers for up to n_batch tokens, around the activation
     scratch and the KV cache: allocated once, at load."""
     import numba
 
-    f32, n_thr = np.float32, numba.config.NUMBA_NUM_THREADS
+    n_thr = numba.config.NUMBA_NUM_THREADS
     attn_scratch = (flash_scratch_floats(c.n_head, c.n_head_kv, c.head_dim) if flash_attn
                     else scratch_floats(c.n_head, c.n_head_kv, c.head_dim, n_ctx))
+
+    def f32(*shape):  # resident only as far as a batch reaches (lazy_zeros)
+        return lazy_zeros(shape, np.float32)
+
     return Buffers(
-        x=np.zeros((n_batch, c.n_embd), f32), h=np.zeros((n_batch, c.n_embd), f32),
-        o=np.zeros((n_batch, c.n_embd), f32),
-        q=np.zeros((n_batch, c.n_head, c.head_dim), f32),
-        k=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
-        v=np.zeros((n_batch, c.n_head_kv, c.head_dim), f32),
-        attn=np.zeros((n_batch, c.n_head, c.head_dim), f32),
-        gate=np.zeros((n_batch, c.n_ff), f32), up=np.zeros((n_batch, c.n_ff), f32),
-        act=np.zeros((n_batch, c.n_ff), f32),
+        x=f32(n_batch, c.n_embd), h=f32(n_batch, c.n_embd), o=f32(n_batch, c.n_embd),
+        q=f32(n_batch, c.n_head, c.head_dim),
+        k=f32(n_batch, c.n_head_kv, c.head_dim), v=f32(n_batch, c.n_head_kv, c.head_dim),
+        attn=f32(n_batch, c.n_head, c.head_dim),
+        gate=f32(n_batch, c.n_ff), up=f32(n_batch, c.n_ff), act=f32(n_batch, c.n_ff),
         xq=scratch.xq, xd=scratch.xd, xs=scratch.xs, xf=scratch.xf,
-        scores=np.zeros((n_thr, attn_scratch), f32),
-        attn_shared=np.zeros(shared_floats(c.n_head, c.head_dim, n_ctx, n_thr), f32),
+        scores=f32(n_thr, attn_scratch),
+        attn_shared=f32(shared_floats(c.n_head, c.head_dim, n_ctx, n_thr)),
         k_cache=cache.k, v_cache=cache.v,
     )
 
@@ -117,7 +96,7 @@ class Transformer:
         self.numerics = numerics(config, weights, n_ctx)
         self.kernels = kernels(self.layers, self.numerics, flash_attn)
         # the head's padded rows (layers.product_rows); resident only once a batch uses them
-        self.padded_logits = _lazy_zeros((len(PAD_TO), config.n_vocab), np.float32)
+        self.padded_logits = lazy_zeros((len(PAD_TO), config.n_vocab), np.float32)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                 logit_rows: np.ndarray, logits: np.ndarray) -> None:

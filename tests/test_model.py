@@ -198,14 +198,14 @@ def test_load_restores_the_collector_state(model_dir, enabled):
 def test_kv_cache_is_zeroed_writable_and_private(model_dir):
     import os
 
-    from edgeinfer.model import _lazy_zeros
+    from edgeinfer.linear import lazy_zeros
 
-    a = _lazy_zeros((3, 2, 1000, 4, 64), np.uint16)
+    a = lazy_zeros((3, 2, 1000, 4, 64), np.uint16)
     assert a.shape == (3, 2, 1000, 4, 64) and a.flags.writeable and a.flags.c_contiguous
     assert not a.any()
     a[2, 1, 999] = 7
     assert a.sum() == 7 * 4 * 64
-    assert _lazy_zeros((0, 4), np.uint16).shape == (0, 4)
+    assert lazy_zeros((0, 4), np.uint16).shape == (0, 4)
     _, model = load(model_dir, "llama", Q.F32)
     assert model.transformer.kv_cache.k.base is not None  # the cache uses these buffers
     if hasattr(os, "fork"):  # a forked child's writes must not reach the parent's cache
@@ -221,10 +221,10 @@ def test_kv_cache_without_huge_page_support(monkeypatch):
     """A kernel built without transparent huge pages rejects the advice: not an error."""
     import mmap
 
-    from edgeinfer.model import _lazy_zeros
+    from edgeinfer.linear import lazy_zeros
 
     monkeypatch.setattr(mmap, "MADV_NOHUGEPAGE", 9999, raising=False)  # EINVAL everywhere
-    assert not _lazy_zeros((4, 1024), np.uint16).any()
+    assert not lazy_zeros((4, 1024), np.uint16).any()
 
 
 def test_failed_load_restores_the_collector(tmp_path):
