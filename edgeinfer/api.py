@@ -25,14 +25,30 @@ class Model:
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
              n_slots: int = 1, n_batch: int = 512,
-             progress: Callable[[str], None] | None = None, flash_attn: bool = False) -> Model:
+             progress: Callable[[str], None] | None = None, flash_attn: bool = False,
+             compile_helper: bool = False) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages; on a first
         run (kernels not yet in Numba's disk cache) one per kernel as it compiles, then a
-        summary starting with COMPILED. flash_attn: llama.cpp's -fa on attention numerics."""
+        summary starting with COMPILED. flash_attn: llama.cpp's -fa on attention numerics.
+        compile_helper: on a first run, a second process compiles kernels meanwhile
+        (kernels/precompile.py; the CLI's choice)."""
+        from edgeinfer.kernels import precompile
+
+        helper = []
+
         with _GcPause() as pause:
-            return cls._load(path, n_ctx, threads, n_slots, n_batch, progress, pause.resume,
-                             flash_attn)
+            def on_compile() -> None:  # the first compile: the cache is cold
+                pause.resume()
+                if compile_helper:
+                    helper.append(precompile.start(path, flash_attn))
+
+            try:
+                return cls._load(path, n_ctx, threads, n_slots, n_batch, progress,
+                                 on_compile, flash_attn)
+            finally:
+                for child in helper:
+                    precompile.stop(child)
 
     @classmethod
     def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,

@@ -31,7 +31,8 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     path = resolve_model(model)
     with status(f"loading {path.name}") as update:
         loaded = Model.load(path, n_ctx=n_ctx or max(512, need), threads=threads,
-                            progress=update, flash_attn=flash_attn)
+                            progress=update, flash_attn=flash_attn,
+                            compile_helper=True)
     settle_heap()
     rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads), depth)
     if as_json:

@@ -48,7 +48,7 @@ def run_command(opts: RunOptions) -> None:
         from edgeinfer.api import Model, settle_heap
 
         model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
-                           flash_attn=opts.flash_attn)
+                           flash_attn=opts.flash_attn, compile_helper=True)
         settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
     event = None

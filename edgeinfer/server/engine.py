@@ -203,7 +203,7 @@ class Engine(threading.Thread):
         t0 = time.perf_counter()
         self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
                                 n_slots=self.n_slots, progress=distinct_stages(log.info),
-                                flash_attn=self.flash_attn)
+                                flash_attn=self.flash_attn, compile_helper=True)
         try:  # import jinja2 and compile the chat template now, not during the first request
             self.model.apply_chat_template([{"role": "user", "content": "hi"}])
         except EdgeInferError:
