@@ -55,13 +55,15 @@ def last_level_cache_bytes() -> int:
 
 
 def random_weights(qtype: GGMLQuantizationType, n_out: int, n_in: int, rng) -> np.ndarray:
-    """Weights with the kernel's layout. Quantized bytes are drawn below 0x3C so that every
-    f16 scale, wherever a format keeps it, is finite and small (values do not change speed)."""
+    """Weights with the kernel's layout: rows of bytes, as Linear.from_tensor hands them over
+    (a float16 array itself is not a type Numba takes). Quantized bytes are drawn below 0x3C
+    so that every f16 scale, wherever a format keeps it, is finite and small (values do not
+    change speed)."""
     if qtype in FLOAT_DTYPES:
         w = rng.standard_normal((n_out, n_in), dtype=np.float32) * 0.02
         if qtype == GGMLQuantizationType.BF16:
-            return (w.view(np.uint32) >> 16).astype(np.uint16)
-        return w.astype(FLOAT_DTYPES[qtype])
+            w = (w.view(np.uint32) >> 16).astype(np.uint16)
+        return w.astype(FLOAT_DTYPES[qtype]).view(np.uint8).reshape(n_out, -1)
     block, type_size = GGML_QUANT_SIZES[qtype]
     return rng.integers(0, 0x3C, (n_out, n_in // block * type_size), dtype=np.uint8)
 
