@@ -35,8 +35,8 @@ print(Count.n)
 
 def _run(args, cache_dir):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
-    return subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=600)
 
 
 def test_the_child_caches_what_the_load_asks_for(tmp_path):
