@@ -291,8 +291,9 @@ def numerics(config, weights, n_ctx: int) -> Numerics:
         gelu_table=GELU_TABLE)
 
 
-def kernels(table: LayerTable, c: Numerics, flash_attn: bool) -> Kernels:
-    """The Kernels the loop calls for this model (compiled or loaded from the cache now)."""
+def kernels(blocks, c: Numerics, flash_attn: bool) -> Kernels:
+    """The Kernels the loop calls for a model's weights.BlockWeights (compiled or loaded from
+    the cache now)."""
     from edgeinfer.kernels import attention, flash, ops
 
     def need(kernel, kind: str, used: bool = True) -> int:
@@ -301,17 +302,23 @@ def kernels(table: LayerTable, c: Numerics, flash_attn: bool) -> Kernels:
     def pair(kind: str, used: bool = True) -> tuple[int, int]:
         return tuple(need(kernel, kind, used) for kernel in ops.ROW_KERNELS[kind])
 
-    has_bias = any(getattr(table, f).shape[1] for f in (
-        "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias"))
+    def some(name: str) -> bool:
+        return any(getattr(b, name) is not None for b in blocks)
+
+    has_bias = any(map(some, ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias")))
+    # attention first (the most compile time): a cold load's compile helper ends with it
+    attention_task = (flash if flash_attn else attention).task_address()
+    attention_kernel = need(flash.flash_attention if flash_attn else attention.attention,
+                            "attention")
     return Kernels(
         rms_norm=pair("rms_norm"),
-        rms_norm_inplace=pair("rms_norm_inplace", table.attn_q_norm.shape[1] > 0),
+        rms_norm_inplace=pair("rms_norm_inplace", some("attn_q_norm")),
         rope=need(ops.rope, "rope"),
         scale_inplace=need(ops.scale_inplace, "scale_inplace", c.q_scale != 1.0),
         add_inplace=need(ops.add_inplace, "add_inplace"),
         add_bias=need(ops.add_bias, "add_bias", has_bias),
         store_kv=need(attention.store_kv, "store_kv"),
-        attention=need(flash.flash_attention if flash_attn else attention.attention, "attention"),
-        attention_task=(flash if flash_attn else attention).task_address(),
+        attention=attention_kernel,
+        attention_task=attention_task,
         glu=pair("geglu" if c.gelu else "swiglu"),
     )

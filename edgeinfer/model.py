@@ -92,9 +92,11 @@ class Transformer:
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
         self.buffers = allocate_buffers(config, n_batch, n_ctx, flash_attn, self.scratch,
                                         self.kv_cache)
-        self.layers = layer_table(weights.blocks, config.swa_layers)
         self.numerics = numerics(config, weights, n_ctx)
-        self.kernels = kernels(self.layers, self.numerics, flash_attn)
+        # attention first, then the matrix products: on a cold cache the compile helper
+        # (kernels/precompile.py) starts from the other end
+        self.kernels = kernels(weights.blocks, self.numerics, flash_attn)
+        self.layers = layer_table(weights.blocks, config.swa_layers)
         # the head's padded rows (layers.product_rows); resident only once a batch uses them
         self.padded_logits = lazy_zeros((len(PAD_TO), config.n_vocab), np.float32)
 

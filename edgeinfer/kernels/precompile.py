@@ -1,15 +1,16 @@
 """A second process that compiles kernels into Numba's disk cache while a cold load runs.
 
 Numba compiles on one core, holding the GIL, and the first run of a model compiles about 150
-kernels (40-60 s). So on a cold cache `api.Model.load` starts this module in a child process
-(`python -m edgeinfer.kernels.precompile MODEL [--flash]`), which compiles the layer loop's
-attention and row kernels, then the model's matrix products from the last one the load
-needs (the output head's) backwards, while the loading process compiles the products from
-the first: they meet in the middle, and what one has cached the other loads in
-milliseconds. Both compile for the same argument types (native.SIGNATURES) and CPU target
-(the child inherits the environment), so they share each cache entry; Numba writes cache
-files through a rename, so a child stopped halfway leaves no broken entry. Whatever the
-child has not finished, the loading process compiles itself, as without it.
+kernels (25-60 s). So on a cold cache `api.Model.load` starts this module in a child process
+(`python -m edgeinfer.kernels.precompile MODEL [--flash]`), which compiles the kernels in
+about the reverse of the load's order: the load compiles the layer loop's attention and row
+kernels, then the matrix products from the first layer's, then the output head's at the
+warm-up; the child the head's product first, then the others from the last layer's back,
+then the row kernels and attention. They meet in the middle, and what one has cached the
+other loads in milliseconds. Both compile for the same argument types (native.SIGNATURES)
+and CPU target (the child inherits the environment), so they share each cache entry; Numba
+writes cache files through a rename, so a child stopped halfway leaves no broken entry.
+Whatever the child has not finished, the loading process compiles itself, as without it.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def stop(child: subprocess.Popen | None) -> None:
 
 
 def compile_layer_kernels(flash_attn: bool) -> None:
-    """The kernels layers.kernels() asks for, the biggest (attention) first, and every row
-    kernel variant whether this model uses it or not (a few seconds; cached for later)."""
+    """The kernels layers.kernels() asks for, in the reverse of its order (attention last),
+    every row kernel variant whether this model uses it or not (a few seconds; cached for
+    later)."""
     import numba
 
     from edgeinfer.kernels import attention, flash, native, ops
@@ -49,24 +51,27 @@ def compile_layer_kernels(flash_attn: bool) -> None:
     # the thread pool first, as the load does (api.set_threads): a parallel kernel already in
     # the cache links against its symbols, and without them LLVM aborts the process
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    for kind in ("swiglu", "geglu"):
+        for kernel in ops.ROW_KERNELS[kind]:
+            native.address(kernel, kind)
+    native.address(attention.store_kv, "store_kv")
+    for kind in ("add_bias", "add_inplace", "scale_inplace"):
+        native.address(getattr(ops, kind), kind)
+    native.address(ops.rope, "rope")
+    for kind in ("rms_norm_inplace", "rms_norm"):
+        for kernel in ops.ROW_KERNELS[kind]:
+            native.address(kernel, kind)
     if flash_attn:
         flash.task_address()
         native.address(flash.flash_attention, "attention")
     else:
         attention.task_address()
         native.address(attention.attention, "attention")
-    native.address(attention.store_kv, "store_kv")
-    native.address(ops.rope, "rope")
-    for kind in ("rms_norm", "rms_norm_inplace", "swiglu", "geglu"):
-        for kernel in ops.ROW_KERNELS[kind]:
-            native.address(kernel, kind)
-    for kind in ("add_inplace", "add_bias", "scale_inplace"):
-        native.address(getattr(ops, kind), kind)
 
 
 def compile_products(model: str) -> None:
     """The model's matrix products and activation quantizers in the reverse of the order in
-    which the load compiles them (layers.layer_table, then the head at the warm-up)."""
+    which the load compiles them (layers.layer_table, then the output head at the warm-up)."""
     from edgeinfer.arch import get_arch
     from edgeinfer.gguf_file import GGUFFile
     from edgeinfer.kernels import native
@@ -83,5 +88,5 @@ def compile_products(model: str) -> None:
 
 
 if __name__ == "__main__":
-    compile_layer_kernels("--flash" in sys.argv[2:])
     compile_products(sys.argv[1])
+    compile_layer_kernels("--flash" in sys.argv[2:])
