@@ -21,7 +21,7 @@ blocks are decoded by legacy_blocks.py.
 
 The float types (F32, F16, BF16) are in floats.py.
 
-Tiling: one intrinsic call computes a register tile of 1 to 3 rows (_tile_rows) x 8 tokens
+Tiling: one intrinsic call computes a register tile of 1 or 2 rows (_tile_rows) x 8 tokens
 (prefill, batches of 8+; smaller batches 4, 2 or 1): each weight block is decoded once per 8
 tokens, each activation block loaded once per tile's rows, and the accumulators stay in
 registers (or, on AVX2's 2-row tiles, in L1) for the whole row; at the end all of a tile's
@@ -182,7 +182,7 @@ class _Tile:
 
     Per step of BLOCKS_PER_STEP blocks, each of the R weight blocks is decoded once for the
     T tokens and each token's activations are loaded once for the R rows; the R*T vector
-    accumulators stay in registers for the whole row (R*T <= 24 of the 32 zmm registers).
+    accumulators stay in registers for the whole row (R*T <= 16 of the 32 zmm registers).
     With VNNI the weights are unsigned (value + bias): dot(u, x) - bias*sum(x), the sum
     taken once per token and block by one more vpdpbusd against ones, and the correction
     seeded into the accumulator of the vpdpbusd itself; all exact integers."""
@@ -296,6 +296,14 @@ class _Tile:
         return self.oct(builder, blks), opaque(
             builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
 
+    def _oct_mins(self, builder, w_row, i):
+        """m (the f16 at byte 2) of blocks i..i+7 as <16 x f32>: block b's in lane b, zero
+        in lanes 8..15 (the oct step's accumulators hold block b in lanes b and b + 8)."""
+        blk0 = builder.gep(w_row, [builder.mul(i, _I64(self.block_bytes))])
+        m = half_to_f32(builder, block_words(builder, blk0, self.block_bytes, 2, 1))
+        zeros = ir.Constant(m.type, [0.0] * 8)
+        return opaque(builder, shuffle(builder, m, zeros, list(range(16))), "=v,0")
+
     def oct_step(self, builder, w_rows, ahead, toks, i, accs):
         """Adds blocks i..i+7 (AVX-512 VNNI, grouped activations). Block b's 32 products sum
         into i32 lanes b and b + 8 by four vpdpbusd, so each conversion, scale product and
@@ -303,13 +311,11 @@ class _Tile:
         step needs 10). The activations need no shuffles: the quantizer stored them in this
         order, and for the bias correction each lane's sum.
 
-        Two loop orders, by tile height (_tile_rows). Two rows: tokens outer, so each
-        token's 4 activation registers and bias correction are loaded once for both rows,
-        whose 8 weight registers stay live beside the 16 accumulators. Three (the `_1`
-        formats): rows outer, so only one row's weights are live beside the 24
-        accumulators, and each row loads the activations again, as memory operands of
-        vpdpbusd, at offsets LLVM cannot see are the same in every row (shared across rows
-        they would be 32 registers, and spill)."""
+        Tokens outer (tiles of up to two rows, _tile_rows), so each token's 4 activation
+        registers, bias correction and, for the `_1` formats, block sums are loaded once for
+        both rows, whose 8 weight registers stay live beside the 16 accumulators. The `_1`
+        formats' minimums term m_w * s_x of the 8 blocks is one more FMA per row and token,
+        in lanes 0..7 (lanes 8..15 of m_w are zero)."""
         vi, v64 = vec(_I32, 16), vec(_I8, 64)
 
         def token(at, xq, xd, xs):
@@ -329,21 +335,18 @@ class _Tile:
                 isum = _vpdpbusd(builder, isum, w, v)
             self._scale_add(builder, acc, isum, d_w, d_x)
 
-        if self.rows <= 2:
-            weights = [self._oct_weights(builder, w_row, ahead, i) for w_row in w_rows]
-            for t, tok in enumerate(toks):
-                x, d_x, corr = token(i, *tok)
-                for r, (regs, d_w) in enumerate(weights):
-                    add(accs[r][t], regs, d_w, x, d_x, corr)
-            return
-        for r, w_row in enumerate(w_rows):
-            regs, d_w = self._oct_weights(builder, w_row, ahead, i)
-            at = opaque(builder, i)
-            for t, tok in enumerate(toks):
-                # the bias correction too is loaded again per row: kept across rows, 8 tokens'
-                # took 8 of the 32 registers and the accumulators spilled (8-token Q8_0 and
-                # Q5_0 products 5-15% slower)
-                add(accs[r][t], regs, d_w, *token(at, *tok))
+        weights = [self._oct_weights(builder, w_row, ahead, i) for w_row in w_rows]
+        mins = [self._oct_mins(builder, w_row, i) for w_row in w_rows] if self.has_min else []
+        for t, tok in enumerate(toks):
+            x, d_x, corr = token(i, *tok)
+            if mins:  # the tokens' block sums d_x * sum(x), Q8_1's s
+                s_x = load(builder, tok[2], builder.mul(i, _I64(4)), vec(_F32, 8))
+                s_x = shuffle(builder, s_x, s_x, list(range(8)) * 2)
+            for r, (regs, d_w) in enumerate(weights):
+                add(accs[r][t], regs, d_w, x, d_x, corr)
+                if mins:
+                    acc = accs[r][t]
+                    builder.store(fma(builder, mins[r], s_x, builder.load(acc)), acc)
 
     def _rows_here(self, builder):
         """The tokens' activation rows, computed in the step from the first token's and the
@@ -471,12 +474,12 @@ class _Tile:
     def _add_mins(self, builder, w_rows, toks, start, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
         the tile's accumulators (their lanes are summed at the end) W = 8 * BLOCKS_PER_STEP
-        blocks at a time from block `start` (AVX2's 8-block step adds its own): each row's
-        minimums (below), each token's sums loaded, masked past the last block. Done in the
-        block loop, it was a mostly-zero vector FMA plus the assembly of its operands in
-        every step, about 30% of a decode step's instructions (a 4096-wide Q4_1 matvec is
-        20% faster without). Kept in separate sums instead, as llama.cpp adds summs after
-        the rest, SmolLM2's golden logits moved further from llama.cpp's."""
+        blocks at a time from block `start`, the blocks after the 8-block steps (which add
+        their own): each row's minimums (below), each token's sums loaded, masked past the
+        last block. In the two-block step's loop (before the 8-block steps), it was a
+        mostly-zero vector FMA plus the assembly of its operands in every step, about 30% of
+        a decode step's instructions. Kept in separate sums instead, as llama.cpp adds summs
+        after the rest, SmolLM2's golden logits moved further from llama.cpp's."""
         lanes = 8 * BLOCKS_PER_STEP
         n_left = builder.sub(n_blocks, start)
         lane = ir.Constant(vec(_I64, lanes), list(range(lanes)))
@@ -585,6 +588,8 @@ class _Tile:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
                               accs)
             done = builder.mul(n_oct, _I64(8))
+            if self.has_min:  # the oct step added their minimums
+                mins_done = done
         if YMM_STEPS and self.ymm is not None:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
@@ -668,10 +673,11 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
 # Register tile rows (x up to 8 tokens). With AVX-512's 32 zmm registers: 2 rows, their
 # 8-block step tokens outer, so that each token's activations and bias correction are loaded
 # once for both (_Tile.oct_step): against 3 rows, rows outer, 8-token Q8_0, Q5_0 and Q4_0
-# products 20-45% faster, 64 tokens 15-40% (hot weights, alternating). The `_1` formats keep
-# 3 rows, rows outer: their minimums, added after the block loop per tile (_Tile._add_mins),
-# made 2-row tiles 10% slower at 576 wide; 3 rows had given SmolLM2's 8-sequence decode
-# +7-10%, pp512 +8-18% (with the minimums in the loop, 3 rows were 9% slower). AVX2 and
+# products 20-45% faster, 64 tokens 15-40% (hot weights, alternating). The `_1` formats too,
+# since their minimums are one more FMA in the oct step (not added per tile after the block
+# loop, whose cost per tile had made 2 rows 10% slower than 3 rows outer at 576 wide): Zen 5,
+# one thread, 8-token Q4_1 products 8% (1536 x 576) to 20% (576 x 1536) faster, 4 tokens 8%,
+# one token the same; SmolLM2 pp512 +25-31%, 8-sequence decode steps ~3% (alternating). AVX2 and
 # NEON have 16 vector registers (NEON needs 2 per accumulator): 2 rows, but 1 with AVX2's
 # 8-block step, whose 8 weight registers leave no room for 16 accumulators (8-token
 # products 20-40% faster than with 2 rows).
@@ -681,7 +687,7 @@ _WIDE_TILES = BLOCKS_PER_STEP == 2
 def _tile_rows(code: int) -> int:
     """Register tile rows of a kernel code."""
     if _WIDE_TILES:
-        return 3 if _block_format(code)[-1] else 2
+        return 2
     return 1 if YMM_STEPS and _block_format(code)[3] is not None else 2
 
 
