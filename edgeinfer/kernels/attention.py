@@ -140,9 +140,15 @@ def _softmax_row(x, scale):
     top = _scaled_max(x, scale)
     for k in range(n):  # apart from the double sum, which would keep this loop scalar
         x[k] = expf(x[k] - top)
-    total = 0.0
-    for k in range(n):
-        total += x[k]
+    t0 = t1 = t2 = t3 = 0.0
+    for k in range(n // 4):
+        t0 += x[4 * k]
+        t1 += x[4 * k + 1]
+        t2 += x[4 * k + 2]
+        t3 += x[4 * k + 3]
+    for k in range(n - n % 4, n):
+        t0 += x[k]
+    total = (t0 + t1) + (t2 + t3)
     inv = np.float32(1.0 / total)
     for k in range(n):
         x[k] = round_f16(x[k] * inv)
