@@ -412,8 +412,9 @@ def _tile_softmax(sc, scale, positions, i0, group, window, ka, r_lo, r_hi):
 def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
                  blk_lo, blk_hi):
     """acc[r] = P[r] @ V over the tile rows' keys in blocks [blk_lo, blk_hi)."""
-    acc[:] = 0.0
     spare = acc.shape[0] - 1  # rows past a run go to the 3 spare rows, never read
+    acc[: nt * group] = 0.0  # acc is sized for the longest tile: zero only the rows used
+    acc[spare - 2 :] = 0.0
     direct = nt * group <= 4
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
