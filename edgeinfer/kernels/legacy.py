@@ -203,7 +203,7 @@ class _Tile:
         """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator. A
         narrower product (the odd block's 8 lanes, added last) goes into its first lanes by
         a rounded product and an add, as into a zeroed accumulator of its own and then the
-        sum, without 24 more accumulators to zero and add up in every tile."""
+        sum, without 16 more accumulators to zero and add up in every tile."""
         value = builder.sitofp(isum, d_w.type)
         total, n = builder.load(acc), value.type.count
         if total.type.count == n:
@@ -299,8 +299,7 @@ class _Tile:
     def _oct_mins(self, builder, w_row, i):
         """m (the f16 at byte 2) of blocks i..i+7 as <16 x f32>: block b's in lane b, zero
         in lanes 8..15 (the oct step's accumulators hold block b in lanes b and b + 8)."""
-        blk0 = builder.gep(w_row, [builder.mul(i, _I64(self.block_bytes))])
-        m = half_to_f32(builder, block_words(builder, blk0, self.block_bytes, 2, 1))
+        m = self._loaded_mins(builder, w_row, i, 8)
         zeros = ir.Constant(m.type, [0.0] * 8)
         return opaque(builder, shuffle(builder, m, zeros, list(range(16))), "=v,0")
 
