@@ -67,32 +67,35 @@ def _loop(body: str, clobbers: list[str]):
 
 _YMM = [f"ymm{r}" for r in range(16)]
 _ADDS = 32  # dependent adds per iteration of the clock loop
+CLOCK = "clock (dependent adds)"
 
 
-def kernels() -> dict[str, tuple[str, int, list[str]]]:
-    """name -> (assembly, instructions per iteration counted by the rate, clobbers)."""
+def kernels() -> dict[str, tuple[str, int, list[str], tuple | None]]:
+    """name -> (assembly, instructions per iteration counted by the rate, clobbers, the
+    multiply-adds one counted instruction (or pair) does and their type, if named)."""
+    zero = _zero(range(16))
     out = {
-        "clock (dependent adds)": ("vpaddd %ymm0, %ymm1, %ymm1\n\t" * _ADDS, _ADDS, _YMM),
-        "vpmaddubsw": (_zero(range(16)) + _ops("vpmaddubsw", 16), 16, _YMM),
-        "vpmaddwd": (_zero(range(16)) + _ops("vpmaddwd", 16), 16, _YMM),
+        CLOCK: ("vpaddd %ymm0, %ymm1, %ymm1\n\t" * _ADDS, _ADDS, _YMM, None),
+        "vpmaddubsw": (zero + _ops("vpmaddubsw", 16), 16, _YMM, None),
+        "vpmaddwd": (zero + _ops("vpmaddwd", 16), 16, _YMM, None),
         # llama.cpp's AVX2 8-bit dot: 32 multiply-adds per vpmaddubsw + vpmaddwd pair
         "vpmaddubsw + vpmaddwd pairs": (
-            _zero(range(16)) + _ops("vpmaddubsw", 8, range(3, 9))
-            + _ops("vpmaddwd", 8, range(9, 16)), 8, _YMM),
-        "vfmadd231ps": (_zero(range(16)) + _ops("vfmadd231ps", 12), 12, _YMM),
+            zero + _ops("vpmaddubsw", 8, range(3, 9)) + _ops("vpmaddwd", 8, range(9, 16)),
+            8, _YMM, (32, "int8")),
+        "vfmadd231ps": (zero + _ops("vfmadd231ps", 12), 12, _YMM, (8, "f32")),
         "vpmaddubsw beside 7/8 as many FMAs": (
-            _zero(range(16)) + _ops("vpmaddubsw", 8, range(3, 9))
-            + _ops("vfmadd231ps", 7, range(9, 16)), 8, _YMM),
+            zero + _ops("vpmaddubsw", 8, range(3, 9)) + _ops("vfmadd231ps", 7, range(9, 16)),
+            8, _YMM, None),
     }
     if "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
-        out["vpdpbusd (ymm)"] = (_zero(range(16)) + _ops("vpdpbusd", 16), 16, _YMM)
+        out["vpdpbusd (ymm)"] = (zero + _ops("vpdpbusd", 16), 16, _YMM, (32, "int8"))
     return out
 
 
 def measure(rounds: int) -> dict[str, float]:
     """Median ns per counted instruction of each kernel."""
     loops = {name: (_loop(body, clobbers), count)
-             for name, (body, count, clobbers) in kernels().items()}
+             for name, (body, count, clobbers, _) in kernels().items()}
     for fn, _ in loops.values():
         fn(1000)  # compile
     samples: dict[str, list[float]] = {name: [] for name in loops}
@@ -112,18 +115,16 @@ def main() -> None:
     if "avx2" not in CPU_FEATURES:
         raise SystemExit("bench_dot_peak: needs an x86 CPU with AVX2")
     ns = measure(args.rounds)
-    ghz = 1.0 / ns.pop("clock (dependent adds)")
+    ghz = 1.0 / ns.pop(CLOCK)
     print(f"clock {ghz:.2f} GHz (a chain of dependent vpaddd, one cycle each)")
     rows = []
+    work = {name: k[3] for name, k in kernels().items()}
     for name, t in ns.items():
         per_cycle = 1.0 / (t * ghz)
         note = ""
-        if name.endswith("pairs"):
-            note = f"  = {32 * per_cycle:.1f} int8 multiply-adds per cycle"
-        elif name == "vfmadd231ps":
-            note = f"  = {8 * per_cycle:.1f} f32 multiply-adds per cycle"
-        elif name.startswith("vpdpbusd"):
-            note = f"  = {32 * per_cycle:.1f} int8 multiply-adds per cycle"
+        if work[name]:
+            n, kind = work[name]
+            note = f"  = {n * per_cycle:.1f} {kind} multiply-adds per cycle"
         print(f"{name:32s} {per_cycle:5.2f} per cycle{note}")
         rows.append({"kernel": name, "per_cycle": round(per_cycle, 3), "ns": round(t, 4)})
     if args.json:
