@@ -65,9 +65,19 @@ def test_avx2_target_emits_integer_dots_and_fma(tmp_path: Path) -> None:
         assert count(asm[kernel], "vpmaddwd", "ymm") > 0, kernel
         assert count(asm[kernel], "vpdpbusd", "ymm") == 0, kernel  # no VNNI on this target
     assert count(asm["legacy"], r"vfmadd\d+ps", "ymm") > 0  # d_w * d_x * isum + acc
+    assert "prefetcht0" in asm["legacy"] and "prefetcht1" not in asm["legacy"]  # into L1
     # expf's polynomial (7 FMAs per value) vectorized: its vector body, besides the scalar
     # fallback loop LLVM keeps for the tail
     assert count(asm["swiglu"], r"vfmadd\d+ps", "ymm") >= 5
+
+
+@pytest.mark.slow
+def test_zen4_target_prefetches_legacy_weights_into_l2(tmp_path: Path) -> None:
+    """target.WEIGHT_PREFETCH_LOCALITY: Zen 4 streams the legacy types' weights faster
+    prefetched into L2 (prefetcht1); the k-quant kernels keep L1 there too."""
+    asm = compiled_asm({**AVX2_TARGET, "NUMBA_CPU_NAME": "znver4"}, tmp_path)
+    assert "prefetcht1" in asm["legacy"] and "prefetcht0" not in asm["legacy"]
+    assert "prefetcht0" in asm["kquants"]
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from edgeinfer.kernels.legacy_blocks import shuffle, vec
+from edgeinfer.kernels.target import WEIGHT_PREFETCH_LOCALITY
 
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 _F32 = ir.FloatType()
@@ -107,15 +108,16 @@ def fence(builder, values, reg: str = "x"):
 
 
 def prefetch(builder, ptr) -> None:
-    """Software prefetch (read, keep in all levels). Small blocks carry few bytes per
-    instruction, so the out-of-order window alone keeps too few cache misses in flight;
-    on this machine the Q4 kernels read DRAM at half the rate of Q8_0 without it."""
+    """Software prefetch of weights (read, into the cache level of the CPU's
+    WEIGHT_PREFETCH_LOCALITY). Small blocks carry few bytes per instruction, so the
+    out-of-order window alone keeps too few cache misses in flight; on the development
+    machine the Q4 kernels read DRAM at half the rate of Q8_0 without it."""
     fn = cgutils.get_or_insert_function(
         builder.module,
         ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
         "llvm.prefetch.p0",
     )
-    builder.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])
+    builder.call(fn, [ptr, _I32(0), _I32(WEIGHT_PREFETCH_LOCALITY), _I32(1)])
 
 
 class Array2D:
