@@ -20,7 +20,12 @@ from numba import njit
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import native
 from edgeinfer.kernels.native import call, weight_rows
-from edgeinfer.kernels.ops import PARALLEL_ROWS
+from edgeinfer.kernels.ops import (
+    GEGLU_PARALLEL_VALUES,
+    PARALLEL_ROWS,
+    SWIGLU_PARALLEL_VALUES,
+    parallel_rows,
+)
 from edgeinfer.linear import act_views
 
 # A layer's matrices, in the order of LayerTable.weight's second axis: project() runs
@@ -151,6 +156,13 @@ def _rows(pair, n_rows):
 
 
 @njit(cache=True, nogil=True)
+def _glu_rows(pair, n_rows, n_ff, gelu):
+    """The serial or parallel activation kernel (ops.parallel_rows: by values too)."""
+    least = GEGLU_PARALLEL_VALUES if gelu else SWIGLU_PARALLEL_VALUES
+    return pair[1] if parallel_rows(n_rows, n_rows * n_ff, least) else pair[0]
+
+
+@njit(cache=True, nogil=True)
 def _add_residual(k, x, o, post_norm, eps, h):
     """x += o, through the sub-block's post-norm (gemma3) when it has one, written into h
     (free by now): an output apart from its input (ops.py says why)."""
@@ -221,10 +233,11 @@ def run_layers(n, positions, slots, t, b, c, k):
         # feed-forward sub-block
         call("rms_norm", _rows(k.rms_norm, n), (x, t.ffn_norm[il], c.eps, h))  # (n, n_embd)
         _project(h_p, t, il, _i64(FFN_GATE), _i64(2), ffn, b)  # (p, n_ff) x2
+        glu = _glu_rows(k.glu, n, gate.shape[1], c.gelu)
         if c.gelu:
-            call("geglu", _rows(k.glu, n), (gate, up, c.gelu_table, act))  # (n, n_ff)
+            call("geglu", glu, (gate, up, c.gelu_table, act))  # (n, n_ff)
         else:
-            call("swiglu", _rows(k.glu, n), (gate, up, act))
+            call("swiglu", glu, (gate, up, act))
         _project(b.act[:p], t, il, _i64(FFN_DOWN), _i64(1), (o_p, o_p, o_p), b)  # (p, n_embd)
         _add_residual(k, x, o, t.post_ffw_norm[il], c.eps, h)
 

@@ -1,5 +1,6 @@
 """ggml's vectorized exp and the SwiGLU built on it, bit for bit against a numpy transcript
-of the AVX-512 build's ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h)."""
+of the AVX-512 build's ggml_v_expf / ggml_v_silu (ggml-cpu/vec.h); GeGLU against a float64
+gelu_tanh; both on one thread and on all."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_swiglu_is_ggml_bit_for_bit():
     """ggml_vec_swiglu_f32: g / (1 + expf(-g)) * up, in f32, for decode rows and for batches
     long enough to run on all threads."""
     rng = np.random.default_rng(1)
-    for n in (1, 3, ops.PARALLEL_ROWS + 1):
+    for n in (1, 3, 9, ops.PARALLEL_ROWS + 1):  # 9 x 1536: on all threads by its values
         gate = (rng.standard_normal((n, 1536)) * 8).astype(np.float32)
         gate[0, :4] = [-100.0, 100.0, 0.0, -0.0]
         up = rng.standard_normal((n, 1536)).astype(np.float32)
@@ -61,3 +62,30 @@ def test_swiglu_is_ggml_bit_for_bit():
         ops.swiglu(gate, up, out)
         silu = (gate / (np.float32(1) + ggml_expf(-gate))).astype(np.float32)
         np.testing.assert_array_equal(out, silu * up)
+
+
+def test_geglu_matches_gelu_tanh_of_f16_inputs():
+    """ggml_vec_geglu_f32: gelu_tanh looked up at f16(x) (an f16 result), 0 below -10, x
+    above 10, times up; one row, rows on one thread and rows split across threads by their
+    values (ops.parallel_rows) give the same."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 3, ops.PARALLEL_ROWS + 1):
+        assert ops.parallel_rows(n, n * 2048, ops.GEGLU_PARALLEL_VALUES) == (n >= 2)
+        gate = (rng.standard_normal((n, 2048)) * 4).astype(np.float32)
+        gate[0, :4] = [-12.0, 12.0, 0.0, -10.0]
+        up = rng.standard_normal((n, 2048)).astype(np.float32)
+        out = np.empty_like(gate)
+        ops.geglu(gate, up, ops.GELU_TABLE, out)
+        x = gate.astype(np.float16).astype(np.float64)
+        gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * x * (1 + 0.044715 * x * x)))
+        gelu = np.where(gate <= -10, 0.0, np.where(gate >= 10, gate, gelu))
+        np.testing.assert_allclose(out, gelu.astype(np.float16).astype(np.float32) * up,
+                                   rtol=2e-3, atol=1e-6)
+        assert out[0, 0] == 0 and out[0, 1] == np.float32(12.0) * up[0, 1]
+
+
+def test_parallel_rows_rule():
+    assert ops.parallel_rows(ops.PARALLEL_ROWS, 0, 0)  # rows alone
+    assert not ops.parallel_rows(ops.PARALLEL_ROWS - 1, 10**9, 0)  # 0: rows only
+    assert ops.parallel_rows(2, 4096, 4096) and not ops.parallel_rows(2, 4095, 4096)
+    assert not ops.parallel_rows(1, 10**9, 4096)  # one row stays on one thread

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from edgeinfer.kernels import kquants
+from edgeinfer.kernels import kquants, ops
 from edgeinfer.kernels.registry import QUANT_FORMATS
 
 K_TYPES = [
@@ -122,7 +122,8 @@ def test_matmul_zero_activations_give_zero():
         assert not run_kernel(qtype, w, xq, xd, xs, x).any()
 
 
-@pytest.mark.parametrize("n_tok", [3, kquants.PARALLEL_ROWS + 5], ids=["serial", "threads"])
+@pytest.mark.parametrize("n_tok", [3, 5, ops.PARALLEL_ROWS + 5],
+                         ids=["serial", "threads-by-values", "threads"])
 def test_q8_k_matches_reference_transcription(n_tok):
     rng = np.random.default_rng(2)
     scale = rng.uniform(0.01, 100, (n_tok, 1))

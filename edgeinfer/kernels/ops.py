@@ -19,6 +19,15 @@ from edgeinfer.kernels.expf import expf
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
+# Below PARALLEL_ROWS the activations, whose values cost more, split 2+ rows across the
+# threads from this many values (rows x columns): an 8-sequence decode step ran them on the
+# calling thread while the other spun in the pool (perf: 4% of a gemma-3 step's samples in
+# geglu and the Q8_K quantizer). One core (Zen 4), serial -> 2 threads: geglu 8 x 2048 27 ->
+# 10 us, 2 x 2048 6.6 -> 4.4; swiglu 8 x 2048 10.2 -> 7.0, 2 x 2048 2.9 -> 3.6 (its loop is
+# vectorized: 0.65 ns a value against geglu's 1.6, so it needs more); the norms lose at
+# 8-16 rows and keep PARALLEL_ROWS.
+GEGLU_PARALLEL_VALUES = 4096
+SWIGLU_PARALLEL_VALUES = 12288
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -160,7 +169,7 @@ def _swiglu_parallel(gate, up, out):
 
 def swiglu(gate, up, out):
     """silu(gate) * up in f32 (ggml_vec_swiglu_f32). All (n, n_ff)."""
-    by_rows(ROW_KERNELS["swiglu"], len(gate))(gate, up, out)
+    by_rows(ROW_KERNELS["swiglu"], len(gate), gate.size, SWIGLU_PARALLEL_VALUES)(gate, up, out)
 
 
 def _gelu_table() -> np.ndarray:
@@ -204,7 +213,8 @@ def _geglu_parallel(gate, up, table, out):
 def geglu(gate, up, table, out):
     """gelu_tanh(gate) * up (ggml_vec_geglu_f32): 0 below -10, identity above 10, else
     the table entry of f16(x), times up in f32. gemma3's FFN. table = GELU_TABLE."""
-    by_rows(ROW_KERNELS["geglu"], len(gate))(gate, up, table, out)
+    by_rows(ROW_KERNELS["geglu"], len(gate), gate.size, GEGLU_PARALLEL_VALUES)(
+        gate, up, table, out)
 
 
 # The row-wise kernels, (serial, parallel): one thread below PARALLEL_ROWS rows, where waking
@@ -217,9 +227,16 @@ ROW_KERNELS = {
 }
 
 
-def by_rows(kernels: tuple, n_rows: int):
-    """The serial or parallel one of a ROW_KERNELS pair, for n_rows rows."""
-    return kernels[n_rows >= PARALLEL_ROWS]
+@njit(cache=True, nogil=True)
+def parallel_rows(n_rows, n_values, min_values):
+    """Whether a row loop over n_rows rows (n_values values in all) runs on all threads:
+    from PARALLEL_ROWS rows, or 2 rows and min_values values (0: rows only)."""
+    return n_rows >= PARALLEL_ROWS or (n_rows >= 2 and 0 < min_values <= n_values)
+
+
+def by_rows(kernels: tuple, n_rows: int, n_values: int = 0, min_values: int = 0):
+    """The serial or parallel one of a ROW_KERNELS pair, for n_rows rows (parallel_rows)."""
+    return kernels[parallel_rows(n_rows, n_values, min_values)]
 
 
 @njit(cache=True, nogil=True)
