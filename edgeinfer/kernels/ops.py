@@ -2,7 +2,8 @@
 
 They run serially below PARALLEL_ROWS rows: they touch a few KB per token, and a Numba
 parallel region costs microseconds of fork/join per call (shared/docs/kernels.md), more than
-the work itself at decode time; prefill batches split their rows across threads. Each
+the work itself at decode time; prefill batches split their rows across threads, and so do
+decode batches of the costlier activations (parallel_rows, by values). Each
 mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
 including where ggml accumulates in double or rounds to F16, so our logits track
 llama.cpp's. Kernels write into `out` arguments and never allocate.
@@ -25,7 +26,7 @@ PARALLEL_ROWS = 32  # batches at least this long run the row loops on all thread
 # geglu and the Q8_K quantizer). One core (Zen 4), serial -> 2 threads: geglu 8 x 2048 27 ->
 # 10 us, 2 x 2048 6.6 -> 4.4; swiglu 8 x 2048 10.2 -> 7.0, 2 x 2048 2.9 -> 3.6 (its loop is
 # vectorized: 0.65 ns a value against geglu's 1.6, so it needs more); the norms lose at
-# 8-16 rows and keep PARALLEL_ROWS.
+# 8-16 rows (8 x 640: 3.1 -> 4.0 us) and keep PARALLEL_ROWS. A region costs ~1.2 us.
 GEGLU_PARALLEL_VALUES = 4096
 SWIGLU_PARALLEL_VALUES = 12288
 
