@@ -20,12 +20,7 @@ from numba import njit
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import native
 from edgeinfer.kernels.native import call, weight_rows
-from edgeinfer.kernels.ops import (
-    GEGLU_PARALLEL_VALUES,
-    PARALLEL_ROWS,
-    SWIGLU_PARALLEL_VALUES,
-    parallel_rows,
-)
+from edgeinfer.kernels.ops import GEGLU_PARALLEL_VALUES, SWIGLU_PARALLEL_VALUES, parallel_rows
 from edgeinfer.linear import act_views
 
 # A layer's matrices, in the order of LayerTable.weight's second axis: project() runs
@@ -152,7 +147,7 @@ def _add_bias(k, x, bias):
 @njit(cache=True, nogil=True)
 def _rows(pair, n_rows):
     """The serial or parallel kernel of a (serial, parallel) pair: ops.by_rows."""
-    return pair[1] if n_rows >= PARALLEL_ROWS else pair[0]
+    return pair[1] if parallel_rows(n_rows, 0, 0) else pair[0]
 
 
 @njit(cache=True, nogil=True)
