@@ -236,8 +236,9 @@ def parallel_rows(n_rows, n_values, min_values):
 
 
 def by_rows(kernels: tuple, n_rows: int, n_values: int = 0, min_values: int = 0):
-    """The serial or parallel one of a ROW_KERNELS pair, for n_rows rows (parallel_rows)."""
-    return kernels[parallel_rows(n_rows, n_values, min_values)]
+    """The serial or parallel one of a ROW_KERNELS pair, for n_rows rows (parallel_rows, as
+    plain Python: a decode step makes few compiled calls from Python, tests/test_native)."""
+    return kernels[parallel_rows.py_func(n_rows, n_values, min_values)]
 
 
 @njit(cache=True, nogil=True)
