@@ -58,7 +58,6 @@ from edgeinfer.kernels.emit import (
     opaque,
     prefetch,
     repeat_lanes,
-    select_by,
 )
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.legacy_blocks import (
@@ -238,20 +237,52 @@ class _Tile:
         return _dot_signed(builder, q, x, a_unsigned=not self.bias)
 
     def step(self, builder, w_rows, ahead, toks, i, nb: int, accs):
-        """Adds blocks i .. i+nb-1 of every (row, token) pair into its accumulators."""
+        """Adds blocks i .. i+nb-1 of every (row, token) pair into its accumulators; with
+        AVX-512 (the `_1` formats) their minimums' term too (_lane_mins)."""
         vi = vec(_I32, 8 * nb)
+        lanes = [k for k in range(nb) for _ in range(8)]  # block of each lane
         weights = [self._weights(builder, w_row, ahead, i, nb) for w_row in w_rows]
+        mins = ([self._lane_mins(builder, w_row, i, nb, 8) for w_row in w_rows]
+                if self.has_min and OCT_STEPS else [])
         for t, (xq, xd, xs) in enumerate(toks):
             x = load(builder, xq, builder.mul(i, _I64(32)), vec(_I8, 32 * nb))
             d_x = load(builder, xd, builder.mul(i, _I64(4)), vec(_F32, nb))
-            d_x = shuffle(builder, d_x, d_x, [k for k in range(nb) for _ in range(8)])
+            d_x = shuffle(builder, d_x, d_x, lanes)
             corr = ir.Constant(vi, [0] * 8 * nb)
             if DOT_PATH == "vnni" and self.bias:
                 x_sum = _vpdpbusd(builder, corr, splat(_I8, 32 * nb, 1), x)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 8 * nb))
+            if mins:  # the blocks' sums d_x * sum(x), Q8_1's s
+                s_x = load(builder, xs, builder.mul(i, _I64(4)), vec(_F32, nb))
+                s_x = shuffle(builder, s_x, s_x, lanes)
             for r, (q, d_w) in enumerate(weights):
                 isum = self._dot(builder, q, x, corr)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+                if mins:
+                    self._min_add(builder, accs[r][t], mins[r], s_x)
+
+    def _lane_mins(self, builder, w_row, i, nb: int, per_block: int):
+        """m (the f16 at byte 2) of blocks i .. i+nb-1 as <per_block*nb x f32>: block k's in
+        lane per_block*k, zero in the others, so that the accumulators' lanes, summed at the
+        end, hold each block's m_w * s_x once."""
+        vf = vec(_F32, per_block * nb)
+        m = ir.Constant(vf, [0.0] * per_block * nb)
+        for k, blk in enumerate(self._blocks(builder, w_row, i, nb)):
+            m = builder.insert_element(m, load_f16(builder, blk, 2), _I32(per_block * k))
+        return m
+
+    @staticmethod
+    def _min_add(builder, acc, m_w, s_x):
+        """acc += m_w * s_x, lane by lane; a narrower product (the odd block) into its first
+        lanes, as _scale_add adds one."""
+        total, n = builder.load(acc), m_w.type.count
+        if total.type.count == n:
+            total = fma(builder, m_w, s_x, total)
+        else:
+            part = builder.fmul(m_w, s_x)
+            zeros = ir.Constant(part.type, [0.0] * n)
+            total = builder.fadd(total, shuffle(builder, part, zeros, list(range(2 * n))))
+        builder.store(total, acc)
 
     def _quad_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
@@ -267,24 +298,33 @@ class _Tile:
         into the same lanes, so each int->float conversion, scale product and FMA serves 128
         products where the two-block step's served 64 (5 vector ops per row x token and 128
         values instead of 8). The activations are regrouped to match by two 128-bit lane
-        shuffles per token."""
+        shuffles per token. The `_1` formats' minimums term m_w * s_x is one more FMA per row
+        and token (m_w of block k in lane 4k, _lane_mins), as in the other steps."""
         vi, v64 = vec(_I32, 16), vec(_I8, 64)
+        lanes = [k for k in range(4) for _ in range(4)]  # block of each lane
         weights = [self._quad_weights(builder, w_row, ahead, i) for w_row in w_rows]
+        mins = ([self._lane_mins(builder, w_row, i, 4, 4) for w_row in w_rows]
+                if self.has_min else [])
         zero = ir.Constant(vi, [0] * 16)
-        for t, (xq, xd, _) in enumerate(toks):
+        for t, (xq, xd, xs) in enumerate(toks):
             x_a = load(builder, xq, builder.mul(i, _I64(32)), v64)
             x_b = load(builder, xq, builder.add(builder.mul(i, _I64(32)), _I64(64)), v64)
             x_lo, x_hi = halves(builder, x_a, x_b)
             d_x = load(builder, xd, builder.mul(i, _I64(4)), vec(_F32, 4))
-            d_x = shuffle(builder, d_x, d_x, [k for k in range(4) for _ in range(4)])
+            d_x = shuffle(builder, d_x, d_x, lanes)
             corr = zero
             if self.bias:
                 ones = splat(_I8, 64, 1)
                 x_sum = _vpdpbusd(builder, _vpdpbusd(builder, zero, ones, x_lo), ones, x_hi)
                 corr = builder.mul(x_sum, ir.Constant(vi, [-self.bias] * 16))
+            if mins:  # the blocks' sums d_x * sum(x), Q8_1's s
+                s_x = load(builder, xs, builder.mul(i, _I64(4)), vec(_F32, 4))
+                s_x = shuffle(builder, s_x, s_x, lanes)
             for r, (lo, hi, d_w) in enumerate(weights):
                 isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
+                if mins:
+                    self._min_add(builder, accs[r][t], mins[r], s_x)
 
     def _oct_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+7 of one row for oct_step: (4 <64 x u8> registers, d <16 x f32>)."""
@@ -471,49 +511,26 @@ class _Tile:
                                       builder.load(acc)), acc)
 
     def _add_mins(self, builder, w_rows, toks, start, n_blocks, accs):
-        """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`), added into
-        the tile's accumulators (their lanes are summed at the end) W = 8 * BLOCKS_PER_STEP
-        blocks at a time from block `start`, the blocks after the 8-block steps (which add
-        their own): each row's minimums (below), each token's sums loaded, masked past the
-        last block. In the two-block step's loop (before the 8-block steps), it was a
-        mostly-zero vector FMA plus the assembly of its operands in every step, about 30% of
-        a decode step's instructions. Kept in separate sums instead, as llama.cpp adds summs
-        after the rest, SmolLM2's golden logits moved further from llama.cpp's."""
-        lanes = 8 * BLOCKS_PER_STEP
+        """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`) where the steps
+        do not add it (AVX2 after its 8- and 2-block steps, NEON): into the tile's accumulators
+        (their lanes are summed at the end) 8 blocks at a time from block `start`, each row's
+        minimums gathered, each token's sums loaded, masked past the last block. In a loop of
+        small steps it was a mostly-zero vector FMA plus the assembly of its operands in every
+        step, about 30% of a decode step's instructions. With AVX-512 the steps add their own:
+        the 8-block step over most of a row, the 4-, 2- and 1-block steps only at its end,
+        where the loads and permutes of this pass for a few blocks had cost more (one thread,
+        576-wide Q4_1 products 5% faster at 8 tokens, 11% at one; 384-wide 9-20%). Kept in
+        separate sums instead, as llama.cpp adds summs after the rest, SmolLM2's golden logits
+        moved further from llama.cpp's."""
+        lanes = 8
         n_left = builder.sub(n_blocks, start)
         lane = ir.Constant(vec(_I64, lanes), list(range(lanes)))
-
-        def mask_from(first):  # lanes of blocks before the row's end
-            return builder.icmp_signed("<", lane, splat_value(
-                builder, builder.sub(n_blocks, first), lanes))
-
-        if not OCT_STEPS:  # AVX2: the blocks after the 8-block steps, by gathers
-            n_groups = builder.udiv(builder.add(n_left, _I64(lanes - 1)), _I64(lanes))
-            with cgutils.for_range(builder, n_groups) as loop:
-                first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
-                mask = mask_from(first)
-                mins = [self._gathered_mins(builder, w_row, first, mask) for w_row in w_rows]
-                self._fma_mins(builder, toks, first, mask, mins, accs)
-            return
-        # AVX-512: whole groups of `lanes` blocks from loads and permutes, in a loop without
-        # branches, then the last few blocks: the row's last `lanes` blocks moved into place,
-        # or where the row is shorter than that, a gather
-        n_whole = builder.udiv(n_left, _I64(lanes))
-        every = ir.Constant(vec(_I1, lanes), [1] * lanes)
-        with cgutils.for_range(builder, n_whole) as loop:
+        n_groups = builder.udiv(builder.add(n_left, _I64(lanes - 1)), _I64(lanes))
+        with cgutils.for_range(builder, n_groups) as loop:
             first = builder.add(start, builder.mul(loop.index, _I64(lanes)))
-            mins = [self._loaded_mins(builder, w_row, first, lanes) for w_row in w_rows]
-            self._fma_mins(builder, toks, first, every, mins, accs)
-        first = builder.add(start, builder.mul(n_whole, _I64(lanes)))
-        with builder.if_then(builder.icmp_unsigned("<", first, n_blocks)):
-            mask, n_tail = mask_from(first), builder.sub(n_blocks, first)
-            mins = select_by(builder, [
-                (builder.icmp_unsigned(">=", n_blocks, _I64(lanes)),
-                 lambda: [self._moved_mins(builder, w_row, n_blocks, n_tail, mask)
-                          for w_row in w_rows]),
-                (None, lambda: [self._gathered_mins(builder, w_row, first, mask)
-                                for w_row in w_rows]),
-            ])
+            mask = builder.icmp_signed("<", lane, splat_value(  # blocks before the row's end
+                builder, builder.sub(n_blocks, first), lanes))
+            mins = [self._gathered_mins(builder, w_row, first, mask) for w_row in w_rows]
             self._fma_mins(builder, toks, first, mask, mins, accs)
 
     @staticmethod
@@ -550,19 +567,6 @@ class _Tile:
                  for k in range(lanes // 8)]
         return half_to_f32(builder, concat(builder, parts))
 
-    def _moved_mins(self, builder, w_row, n_blocks, n_left, mask):
-        """The row's last n_left < lanes blocks, block n_blocks - n_left + l in lane l (0
-        where `mask` is off): the row's last `lanes` blocks, loaded whole, hold it in their
-        lane lanes - n_left + l, from where one vpermps moves it."""
-        lanes = mask.type.count
-        vf = vec(_F32, lanes)
-        last = self._loaded_mins(builder, w_row, builder.sub(n_blocks, _I64(lanes)), lanes)
-        shift = builder.trunc(builder.sub(_I64(lanes), n_left), _I32)
-        idx = builder.add(splat_value(builder, shift, lanes),
-                          ir.Constant(vec(_I32, lanes), list(range(lanes))))
-        moved = call(builder, f"llvm.x86.avx512.permvar.sf.{32 * lanes}", vf, last, idx)
-        return builder.select(mask, moved, ir.Constant(vf, [0.0] * lanes))
-
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
             Array2D(context, builder, sig.args[k], args[k]) for k in (3, 5, 6, 7, 9)
@@ -587,8 +591,6 @@ class _Tile:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
                               accs)
             done = builder.mul(n_oct, _I64(8))
-            if self.has_min:  # the oct step added their minimums
-                mins_done = done
         if YMM_STEPS and self.ymm is not None:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
@@ -610,7 +612,7 @@ class _Tile:
         with _steps(builder, builder.udiv(left, step)) as k:
             i = builder.add(done, builder.mul(k, step))
             self.step(builder, w_rows, ahead, toks, i, BLOCKS_PER_STEP, accs)
-        if self.has_min:
+        if self.has_min and not OCT_STEPS:  # AVX-512: every step added its own
             self._add_mins(builder, w_rows, toks, mins_done, n_blocks, accs)
         if BLOCKS_PER_STEP == 2:  # an odd block count leaves one block, added last
             with builder.if_then(
