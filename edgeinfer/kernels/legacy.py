@@ -199,16 +199,21 @@ class _Tile:
 
     @staticmethod
     def _scale_add(builder, acc, isum, d_w, d_x):
-        """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator. A
-        narrower product (the odd block's 8 lanes, added last) goes into its first lanes by
-        a rounded product and an add, as into a zeroed accumulator of its own and then the
-        sum, without 16 more accumulators to zero and add up in every tile."""
+        """acc += float(isum) * d_w * d_x: the block sums, scaled, into an accumulator."""
         value = builder.sitofp(isum, d_w.type)
-        total, n = builder.load(acc), value.type.count
+        _Tile._fma_into(builder, acc, value, builder.fmul(d_w, d_x))
+
+    @staticmethod
+    def _fma_into(builder, acc, a, b):
+        """acc += a * b, lane by lane. A narrower product (the odd block's 8 lanes, added
+        last) goes into its first lanes by a rounded product and an add, as into a zeroed
+        accumulator of its own and then the sum, without 16 more accumulators to zero and
+        add up in every tile."""
+        total, n = builder.load(acc), a.type.count
         if total.type.count == n:
-            total = fma(builder, value, builder.fmul(d_w, d_x), total)
+            total = fma(builder, a, b, total)
         else:
-            part = builder.fmul(value, builder.fmul(d_w, d_x))
+            part = builder.fmul(a, b)
             zeros = ir.Constant(part.type, [0.0] * n)
             total = builder.fadd(total, shuffle(builder, part, zeros, list(range(2 * n))))
         builder.store(total, acc)
@@ -259,7 +264,7 @@ class _Tile:
                 isum = self._dot(builder, q, x, corr)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
                 if mins:
-                    self._min_add(builder, accs[r][t], mins[r], s_x)
+                    self._fma_into(builder, accs[r][t], mins[r], s_x)
 
     def _lane_mins(self, builder, w_row, i, nb: int, per_block: int):
         """m (the f16 at byte 2) of blocks i .. i+nb-1 as <per_block*nb x f32>: block k's in
@@ -271,18 +276,6 @@ class _Tile:
             m = builder.insert_element(m, load_f16(builder, blk, 2), _I32(per_block * k))
         return m
 
-    @staticmethod
-    def _min_add(builder, acc, m_w, s_x):
-        """acc += m_w * s_x, lane by lane; a narrower product (the odd block) into its first
-        lanes, as _scale_add adds one."""
-        total, n = builder.load(acc), m_w.type.count
-        if total.type.count == n:
-            total = fma(builder, m_w, s_x, total)
-        else:
-            part = builder.fmul(m_w, s_x)
-            zeros = ir.Constant(part.type, [0.0] * n)
-            total = builder.fadd(total, shuffle(builder, part, zeros, list(range(2 * n))))
-        builder.store(total, acc)
 
     def _quad_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
@@ -324,7 +317,7 @@ class _Tile:
                 isum = _vpdpbusd(builder, _vpdpbusd(builder, corr, lo, x_lo), hi, x_hi)
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
                 if mins:
-                    self._min_add(builder, accs[r][t], mins[r], s_x)
+                    self._fma_into(builder, accs[r][t], mins[r], s_x)
 
     def _oct_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+7 of one row for oct_step: (4 <64 x u8> registers, d <16 x f32>)."""
@@ -384,8 +377,7 @@ class _Tile:
             for r, (regs, d_w) in enumerate(weights):
                 add(accs[r][t], regs, d_w, x, d_x, corr)
                 if mins:
-                    acc = accs[r][t]
-                    builder.store(fma(builder, mins[r], s_x, builder.load(acc)), acc)
+                    self._fma_into(builder, accs[r][t], mins[r], s_x)
 
     def _rows_here(self, builder):
         """The tokens' activation rows, computed in the step from the first token's and the
@@ -436,8 +428,7 @@ class _Tile:
                 self._scale_add(builder, accs[r][t], isum, d_w, d_x)
                 if self.has_min:  # the minimums' term, in place
                     s_x = load(builder, xs, d_at, vec(_F32, 8))
-                    acc = accs[r][t]
-                    builder.store(fma(builder, m_w, s_x, builder.load(acc)), acc)
+                    self._fma_into(builder, accs[r][t], m_w, s_x)
 
     @staticmethod
     def _ymm_sums(builder, regs, toks, x_at, signed: bool, per_sum: int, ones):
@@ -506,9 +497,8 @@ class _Tile:
                                 shuffle(builder, d_x, d_x, halves_of))
                 if m_w is not None:
                     s_x = load(builder, xs, d_at, vec(_F32, 2))
-                    acc = accs[r][t]
-                    builder.store(fma(builder, m_w, shuffle(builder, s_x, s_x, halves_of),
-                                      builder.load(acc)), acc)
+                    self._fma_into(builder, accs[r][t], m_w,
+                                   shuffle(builder, s_x, s_x, halves_of))
 
     def _add_mins(self, builder, w_rows, toks, start, n_blocks, accs):
         """The `_1` formats' sum over blocks of m_w * s_x (llama.cpp's `summs`) where the steps
@@ -549,8 +539,7 @@ class _Tile:
                                   vf.as_pointer())
             s_x = builder.call(masked_load, [ptr, _I32(4), mask, ir.Constant(vf, [0.0] * lanes)])
             for r, m_w in enumerate(mins):
-                acc = accs[r][t]
-                builder.store(fma(builder, m_w, s_x, builder.load(acc)), acc)
+                _Tile._fma_into(builder, accs[r][t], m_w, s_x)
 
     def _gathered_mins(self, builder, w_row, first, mask):
         """Blocks first .. first + lanes - 1 by one gather, 0 where `mask` is off."""
