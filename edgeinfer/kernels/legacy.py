@@ -64,7 +64,6 @@ from edgeinfer.kernels.legacy_blocks import (
     BLOCK_FORMATS,
     block_dwords,
     block_words,
-    concat,
     halves,
     load,
     load_f16,
@@ -276,7 +275,6 @@ class _Tile:
             m = builder.insert_element(m, load_f16(builder, blk, 2), _I32(per_block * k))
         return m
 
-
     def _quad_weights(self, builder, w_row, ahead, i):
         """Blocks i..i+3 of one row: (lo, hi) <64 x u8> and d <16 x f32> (d_k in lanes 4k..)."""
         blks = self._blocks(builder, w_row, i, 4)
@@ -332,7 +330,8 @@ class _Tile:
     def _oct_mins(self, builder, w_row, i):
         """m (the f16 at byte 2) of blocks i..i+7 as <16 x f32>: block b's in lane b, zero
         in lanes 8..15 (the oct step's accumulators hold block b in lanes b and b + 8)."""
-        m = self._loaded_mins(builder, w_row, i, 8)
+        blk = builder.gep(w_row, [builder.mul(i, _I64(self.block_bytes))])
+        m = half_to_f32(builder, block_words(builder, blk, self.block_bytes, 2, 1))
         zeros = ir.Constant(m.type, [0.0] * 8)
         return opaque(builder, shuffle(builder, m, zeros, list(range(16))), "=v,0")
 
@@ -547,14 +546,6 @@ class _Tile:
         blk0 = builder.gep(w_row, [builder.mul(first, _I64(size))])
         got = block_dwords(builder, blk0, size, 2, mask.type.count, mask)
         return half_to_f32(builder, builder.trunc(got, vec(_I16, mask.type.count)))
-
-    def _loaded_mins(self, builder, w_row, start, lanes: int):
-        """Blocks start .. start + lanes - 1, all inside the row."""
-        size = self.block_bytes
-        blk = builder.gep(w_row, [builder.mul(start, _I64(size))])
-        parts = [block_words(builder, builder.gep(blk, [_I64(8 * k * size)]), size, 2, 1)
-                 for k in range(lanes // 8)]
-        return half_to_f32(builder, concat(builder, parts))
 
     def emit(self, context, builder, sig, args):
         w, xq, xd, xs, out = (
