@@ -38,7 +38,10 @@ def hsums(builder, vecs):
     one order: lane j plus lane j + half, halves down to one lane (hsum_float_8's order on 8
     lanes). All vectors at once: two of them, each holding segments of w partial sums, become
     one with twice the segments of w/2 (two shuffles and one add for a whole vector of lanes,
-    where reducing each vector alone costs about three operations per halving)."""
+    where reducing each vector alone costs about three operations per halving). Returns the
+    sums as vectors: their lanes, in turn, hold the inputs' sums in the inputs' order (a last
+    odd vector's lanes past the inputs are zeros). Every sum has the same order wherever its
+    vector stands in the list."""
     lanes = vecs[0].type.count
     zero = ir.Constant(vecs[0].type, [0.0] * lanes)
     segs, width = 1, lanes
@@ -61,7 +64,17 @@ def hsums(builder, vecs):
             vecs = [builder.fadd(shuffle(builder, v, v, firsts),
                                  shuffle(builder, v, v, [i + half for i in firsts]))]
         width = half
-    return [builder.extract_element(v, _I32(k)) for v in vecs for k in range(segs)]
+    return vecs
+
+
+def lanes_of(builder, vecs, first: int, n: int):
+    """Lanes first .. first + n - 1 of the vectors' lanes taken in turn, as one <n x float>
+    (n = 1: the float), all from one vector."""
+    size = vecs[0].type.count
+    v, at = vecs[first // size], first % size
+    if n == 1:
+        return builder.extract_element(v, _I32(at))
+    return shuffle(builder, v, v, list(range(at, at + n)))
 
 
 def select_by(builder, cases):

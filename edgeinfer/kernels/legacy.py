@@ -55,6 +55,7 @@ from edgeinfer.kernels.emit import (
     fence,
     fma,
     hsums,
+    lanes_of,
     opaque,
     prefetch,
     repeat_lanes,
@@ -599,14 +600,15 @@ class _Tile:
                 builder.icmp_unsigned("!=", builder.urem(n_blocks, step), _I64(0))
             ):
                 self.step(builder, w_rows, ahead, toks, builder.sub(n_blocks, _I64(1)), 1, accs)
-        totals = [builder.load(accs[r][t]) for r in range(self.rows) for t in range(self.toks)]
-        for k, total in enumerate(hsums(builder, totals)[: self.rows * self.toks]):
-            r, t = divmod(k, self.toks)
-            ptr = builder.gep(
-                out.row(builder.add(t0, _I64(t))),
-                [builder.mul(builder.add(r0, _I64(r)), _I64(4))],
-            )
-            builder.store(total, builder.bitcast(ptr, _F32.as_pointer()))
+        # token by token, each token's rows side by side: one store of its `rows` adjacent
+        # outputs out[t, r0:r0 + rows] (16 scalar stores and their lane extracts were 15% of
+        # a 640-wide tile's time); every sum keeps its order (hsums)
+        sums = hsums(builder, [builder.load(accs[r][t]) for t in range(self.toks)
+                               for r in range(self.rows)])
+        for t in range(self.toks):
+            row = lanes_of(builder, sums, t * self.rows, self.rows)
+            ptr = builder.gep(out.row(builder.add(t0, _I64(t))), [builder.mul(r0, _I64(4))])
+            builder.store(row, builder.bitcast(ptr, row.type.as_pointer()), align=4)
         return context.get_dummy_value()
 
 
