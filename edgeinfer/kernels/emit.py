@@ -72,6 +72,7 @@ def lanes_of(builder, vecs, first: int, n: int):
     (n = 1: the float), all from one vector."""
     size = vecs[0].type.count
     v, at = vecs[first // size], first % size
+    assert at + n <= size, "lanes_of: the lanes straddle two vectors"
     if n == 1:
         return builder.extract_element(v, _I32(at))
     return shuffle(builder, v, v, list(range(at, at + n)))
