@@ -679,7 +679,7 @@ ROWS_PER_CHUNK = 16  # output rows per chunk, rounded up to whole tiles: stays i
 # Products of up to 8 tokens (decode, batched decode) reuse a chunk's weights for at most one
 # token tile, so they keep nothing in L1 and take chunks twice as long: fewer chunk starts and
 # counter updates. Zen 4, 2 threads, cold weights, in one process, alternating: SmolLM2's
-# 8-token Q4_1 products 3-7% faster and its Q8_0 head 7%, one token 0-5%; 64 tokens lost 4-8%
+# 8-token Q4_1 products 2-7% faster and its Q8_0 head 3-7%, one token 0-4%; 64 tokens lost 4-8%
 # with 32 rows (a 1536-wide chunk no longer fits L1 beside the activations).
 DECODE_ROWS_PER_CHUNK = 32
 # Below this many weight bytes x tokens a matmul runs on one thread: fork/join of the second
