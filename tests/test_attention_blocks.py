@@ -4,13 +4,13 @@ kernels again on an AVX2 target (8 lanes instead of this machine's 16)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_targets import AVX2_TARGET, require, target_env
 from numba import njit
 
 from edgeinfer.kernels.attn_blocks import (
@@ -126,8 +126,8 @@ def test_attention_on_an_avx2_target(tmp_path: Path) -> None:
     """This machine compiles 16-lane blocks; an AVX2 target (numba's own target variables)
     gets 8-lane ones, whose reduction tree and chunk loops differ: the block tests and both
     attention kernels' tests again there."""
-    env = {**os.environ, "NUMBA_CPU_NAME": "haswell",
-           "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2", "NUMBA_CACHE_DIR": str(tmp_path)}
+    require(AVX2_TARGET)
+    env = target_env(AVX2_TARGET, tmp_path)
     check = "from edgeinfer.kernels.attn_blocks import LANES; print(LANES)"
     lanes = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
     assert lanes.stdout.strip() == "8", lanes.stderr

@@ -1,8 +1,13 @@
 """The kernels' machine code has the SIMD instructions they were written for: integer dot
 products (vpmaddubsw + vpmaddwd on AVX2, vpdpbusd / vpdpwssd with VNNI) and packed FMAs,
 not scalar loops. Numerics tests pass either way; a kernel that silently fell back to scalar
-code (a changed loop LLVM no longer vectorizes) would only show in the speed. Compiled in a
-subprocess with an empty Numba cache, since cached code cannot be inspected."""
+code (a changed loop LLVM no longer vectorizes) would only show in the speed.
+
+Code compiled for another CPU is never run here: a child on the host's target runs the
+kernels once and records the signatures they were compiled for; a second child, on the
+target under test, compiles those signatures (`Dispatcher.compile`) without calling anything
+and prints the assembly. Both use an empty Numba cache, since cached code cannot be inspected.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from cpu_targets import AVX2_TARGET
 
 from edgeinfer.kernels.target import CPU_FEATURES
 
-# Compiles the kernels of four types and SwiGLU on small inputs, then prints the assembly
-# of the functions holding their inner loops, by name.
-SCRIPT = """
-import json
+# Runs the kernels of four types and SwiGLU on small inputs (on the host's target), then
+# prints the signatures numba compiled the functions holding their inner loops for.
+RECORD = """
+import base64, pickle
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from tiny_models import random_weight
@@ -36,20 +42,49 @@ for qtype in (Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K):
 g = rng.standard_normal((1, 1536)).astype(np.float32)
 ops.swiglu(g, g.copy(), np.zeros_like(g))
 funcs = {"legacy": legacy._chunk, "kquants": kquants._rows, "swiglu": ops._swiglu_serial}
-print(json.dumps({name: "\\n".join(f.inspect_asm().values()) for name, f in funcs.items()}))
+sigs = {name: list(f.signatures) for name, f in funcs.items()}
+print(base64.b64encode(pickle.dumps(sigs)).decode())
 """
 
-AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"}
+# Compiles the recorded signatures for the target numba's variables name; calls nothing.
+COMPILE = """
+import base64, json, pickle, sys
+from edgeinfer.kernels import kquants, legacy, ops
+funcs = {"legacy": legacy._chunk, "kquants": kquants._rows, "swiglu": ops._swiglu_serial}
+sigs = pickle.loads(base64.b64decode(sys.stdin.read()))
+asm = {}
+for name, f in funcs.items():
+    for sig in sigs[name]:
+        f.compile(sig)
+    asm[name] = "\\n".join(f.inspect_asm(sig) for sig in sigs[name])
+print(json.dumps(asm))
+"""
 
 
-def compiled_asm(env_extra: dict[str, str], cache: Path) -> dict[str, str]:
+def _child(script: str, target: dict[str, str] | None, cache: Path, stdin: str = "") -> str:
+    """Runs `script` on `target` (numba's target variables; None: this run's own)."""
     tests = Path(__file__).parent
-    env = {**os.environ, **env_extra, "NUMBA_CACHE_DIR": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.splitlines()[-1])
+    env = dict(os.environ)
+    if target is not None:
+        env = {k: v for k, v in env.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+        env.update(target)
+    env.update({"NUMBA_CACHE_DIR": str(cache),
+                "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])})
+    run = subprocess.run([sys.executable, "-c", script], env=env, input=stdin,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    return run.stdout.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def signatures(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The inspected kernels' signatures, recorded once on this run's own target."""
+    return _child(RECORD, None, tmp_path_factory.mktemp("record"))
+
+
+def compiled_asm(signatures: str, target: dict[str, str] | None, cache: Path) -> dict[str, str]:
+    """The kernels' assembly for `target`, compiled from `signatures`, never run."""
+    return json.loads(_child(COMPILE, target, cache, stdin=signatures))
 
 
 def count(asm: str, mnemonic: str, register: str) -> int:
@@ -58,8 +93,8 @@ def count(asm: str, mnemonic: str, register: str) -> int:
 
 
 @pytest.mark.slow
-def test_avx2_target_emits_integer_dots_and_fma(tmp_path: Path) -> None:
-    asm = compiled_asm(AVX2_TARGET, tmp_path)
+def test_avx2_target_emits_integer_dots_and_fma(signatures: str, tmp_path: Path) -> None:
+    asm = compiled_asm(signatures, AVX2_TARGET, tmp_path)
     for kernel in ("legacy", "kquants"):  # llama.cpp's AVX2 mul_sum_us8_pairs_float
         assert count(asm[kernel], "vpmaddubsw", "ymm") > 0, kernel
         assert count(asm[kernel], "vpmaddwd", "ymm") > 0, kernel
@@ -72,10 +107,10 @@ def test_avx2_target_emits_integer_dots_and_fma(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_zen4_target_prefetches_legacy_weights_into_l2(tmp_path: Path) -> None:
+def test_zen4_target_prefetches_legacy_weights_into_l2(signatures: str, tmp_path: Path) -> None:
     """target.WEIGHT_PREFETCH_LOCALITY: Zen 4 streams the legacy types' weights faster
     prefetched into L2 (prefetcht1); the k-quant kernels keep L1 there too."""
-    asm = compiled_asm({**AVX2_TARGET, "NUMBA_CPU_NAME": "znver4"}, tmp_path)
+    asm = compiled_asm(signatures, {**AVX2_TARGET, "NUMBA_CPU_NAME": "znver4"}, tmp_path)
     assert "prefetcht1" in asm["legacy"] and "prefetcht0" not in asm["legacy"]
     assert "prefetcht0" in asm["kquants"]
 
@@ -83,8 +118,8 @@ def test_zen4_target_prefetches_legacy_weights_into_l2(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not {"avx512bw", "avx512vnni"} <= CPU_FEATURES,
                     reason="this CPU has no AVX-512 VNNI")
-def test_host_vnni_target_emits_vpdpbusd_on_zmm(tmp_path: Path) -> None:
-    asm = compiled_asm({}, tmp_path)
+def test_host_vnni_target_emits_vpdpbusd_on_zmm(signatures: str, tmp_path: Path) -> None:
+    asm = compiled_asm(signatures, None, tmp_path)
     assert count(asm["legacy"], "vpdpbusd", "zmm") > 0  # two blocks per instruction
     # the eight-block step: four vpdpbusd per conversion to float (2.49 over these kernels,
     # with the other steps; 1.75 with the four-block step as the main loop, 1.19 with

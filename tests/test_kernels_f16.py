@@ -3,13 +3,13 @@ hardware half conversions (software path), bit for bit."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_targets import GENERIC_TARGET, require, target_env
 from numba import njit
 
 from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
@@ -65,7 +65,8 @@ def test_software_path_without_f16c(tmp_path: Path) -> None:
     """NUMBA_CPU_NAME=generic has no F16C: the same tests through the integer code, and the
     kernels that use it compile and agree with their references (llvm.fma stays fused there:
     a call to libm's fmaf, so ggml's expf is still matched bit for bit)."""
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path)}
+    require(GENERIC_TARGET)
+    env = target_env(GENERIC_TARGET, tmp_path)
     check = "from edgeinfer.kernels.target import F16_NATIVE; print(F16_NATIVE)"
     native = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
                             text=True)

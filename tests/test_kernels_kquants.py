@@ -3,13 +3,13 @@ gguf-py's dequantization in float64, and a numpy transcription of quantize_row_q
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_targets import AVX2_TARGET, require, target_env
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
@@ -169,8 +169,8 @@ def test_avx2_target_without_vnni(tmp_path: Path) -> None:
     """This machine runs the 512-bit VNNI path in-process; an AVX2 target (numba's own
     target variables) takes vpmaddubsw + vpmaddwd on 256-bit registers, one chunk at a time.
     (The portable IR runs in test_kernels_f16's generic-target test.)"""
-    env = {**os.environ, "NUMBA_CPU_NAME": "haswell",
-           "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2", "NUMBA_CACHE_DIR": str(tmp_path)}
+    require(AVX2_TARGET)
+    env = target_env(AVX2_TARGET, tmp_path)
     check = "from edgeinfer.kernels import kquants as k; print(k.USE_X86_AVX2, k.USE_X86_VNNI)"
     flags = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
     assert flags.stdout.split() == ["True", "False"], flags.stderr

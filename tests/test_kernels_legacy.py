@@ -7,20 +7,19 @@ as the exact float x (loose, bounds the error llama.cpp's activation formats add
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_targets import AVX2_TARGET, GENERIC_TARGET, VNNI_NO_BITALG_TARGET, require, target_env
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from edgeinfer.kernels import actquant, floats, legacy  # noqa: F401  (they register the kernels)
 from edgeinfer.kernels.registry import QUANT_FORMATS
-from edgeinfer.kernels.target import CPU_FEATURES
 from edgeinfer.linear import Linear
 
 LEGACY = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
@@ -200,24 +199,18 @@ def test_half_weights_reach_the_kernel_as_their_bytes(qtype: T) -> None:
 # The block dot product has three code paths, chosen by the CPU numba targets (legacy.DOT_PATH);
 # this machine runs one in-process, numba's own target variables select the others.
 OTHER_TARGETS = {  # name: (numba's target variables, the dot path the kernels then take)
-    "avx2": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2"},
-             "avx2"),
-    "generic": ({"NUMBA_CPU_NAME": "generic"}, "generic"),  # portable IR, software f16
-    # AVX-512 VNNI without BITALG (Cascade Lake): the 8-block step's other 5th-bit expansion
-    "vnni-no-bitalg": ({"NUMBA_CPU_NAME": "cascadelake",
-                        "NUMBA_CPU_FEATURES": "+avx,+avx2,+fma,+f16c,+sse4.2,+avx512f,+avx512bw,"
-                                              "+avx512vl,+avx512dq,+avx512cd,+avx512vnni"},
-                       "vnni"),
+    "avx2": (AVX2_TARGET, "avx2"),
+    "generic": (GENERIC_TARGET, "generic"),  # portable IR, software f16
+    "vnni-no-bitalg": (VNNI_NO_BITALG_TARGET, "vnni"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(OTHER_TARGETS))
 def test_other_cpu_targets(target: str, tmp_path: Path) -> None:
-    target_env, dot_path = OTHER_TARGETS[target]
-    if dot_path == "vnni" and not {"avx512vnni", "avx512bw", "avx512vl"} <= CPU_FEATURES:
-        pytest.skip("this CPU cannot run AVX-512 VNNI code")
-    env = {**os.environ, **target_env, "NUMBA_CACHE_DIR": str(tmp_path)}
+    target_vars, dot_path = OTHER_TARGETS[target]
+    require(target_vars)
+    env = target_env(target_vars, tmp_path)
     check = "from edgeinfer.kernels import legacy; print(legacy.DOT_PATH)"
     path = subprocess.run(
         [sys.executable, "-c", check], check=False, env=env, capture_output=True, text=True
