@@ -25,14 +25,6 @@ def fma(builder, a, b, c):
     return call(builder, f"llvm.fma.v{a.type.count}f32", a.type, a, b, c)
 
 
-def tree_add(builder, values):
-    """Sum of equal-type vectors, in pairs (short dependency chains)."""
-    while len(values) > 1:
-        pairs = zip(values[::2], values[1::2])
-        values = [builder.add(a, b) for a, b in pairs] + values[len(values) // 2 * 2:]
-    return values[0]
-
-
 def hsums(builder, vecs):
     """Horizontal sums of equal-width <2^k x float> vectors (a tile's accumulators), each in
     one order: lane j plus lane j + half, halves down to one lane (hsum_float_8's order on 8

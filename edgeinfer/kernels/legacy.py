@@ -82,7 +82,6 @@ from edgeinfer.kernels.target import AVX512_VNNI, DOT_PATH
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 _F32 = ir.FloatType()
-_V8F = ir.VectorType(_F32, 8)
 
 
 # ---- the block dot product

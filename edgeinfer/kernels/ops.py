@@ -98,12 +98,6 @@ def rms_norm(x, weight, eps, out):
     by_rows(ROW_KERNELS["rms_norm"], len(x))(x, weight, eps, out)
 
 
-def rms_norm_heads(x, weight, eps):
-    """In-place RMSNorm over the last axis of (n, n_heads, head_dim): qwen3/gemma3 q/k norm."""
-    rows = x.reshape(-1, x.shape[-1])
-    by_rows(ROW_KERNELS["rms_norm_inplace"], len(rows))(rows, weight, eps)
-
-
 def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
                factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin tables (n_ctx, n_rot/2) f32, built as ggml_rope_cache_init does: the angle of
