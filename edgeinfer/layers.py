@@ -5,9 +5,9 @@ step, or any mix (each token carries its own position and KV-cache slot). It ser
 registered architecture: what differs between them is data in the tables it receives
 (biases, q/k norms, post-norms, sliding-window layers, the gated activation), not code.
 Every kernel it runs was chosen at load (the matrix products' per tensor) and is called by
-its address (kernels/native.py). Python does the embedding before it and the output head
-after it: a SmolLM2 decode step made 604 kernel calls from Python, with about 0.5 ms of
-dispatch and 0.5 ms of Python between them (of 5-7 ms); now it makes five.
+its address (kernels/native.py), so a decode step is a handful of calls from Python instead
+of hundreds (docs/performance.md, "One compiled call"). Python does the embedding before it
+and the output head after it.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ _i64 = np.int64
 
 
 @njit(cache=True, nogil=True)
-def _project(x, t, il, first, count, outs, b):
+def _project(x, table, il, first, count, outs, buf):
     """outs[j] = x @ W.T for layer il's matrices first .. first + count - 1 (linear.project):
     x (n, n_in) converted once per run of matrices sharing an activation format. outs is
     always a 3-tuple (unused ones repeat a used one): one compiled function for 1, 2 or 3."""
@@ -129,19 +129,13 @@ def _project(x, t, il, first, count, outs, b):
     current = -1
     for j in range(count):
         m = first + j
-        xq, xd, xs, xf = act_views(b.xq, b.xd, b.xs, b.xf, n, n_in, t.act[il, m, 1],
-                                   t.act[il, m, 2])
-        if t.act[il, m, 0] != current:
-            call("quantize", t.kernel[il, m, 1], (x, xq, xd, xs, xf))
-            current = t.act[il, m, 0]
-        w = weight_rows(t.weight[il, m, 0], t.weight[il, m, 1], t.weight[il, m, 2])
-        call("matmul", t.kernel[il, m, 0], (w, xq, xd, xs, xf, outs[j]))
-
-
-@njit(cache=True, nogil=True)
-def _add_bias(k, x, bias):
-    if bias.shape[0]:
-        call("add_bias", k.add_bias, (x, bias))
+        xq, xd, xs, xf = act_views(buf.xq, buf.xd, buf.xs, buf.xf, n, n_in,
+                                   table.act[il, m, 1], table.act[il, m, 2])
+        if table.act[il, m, 0] != current:
+            call("quantize", table.kernel[il, m, 1], (x, xq, xd, xs, xf))
+            current = table.act[il, m, 0]
+        w = weight_rows(table.weight[il, m, 0], table.weight[il, m, 1], table.weight[il, m, 2])
+        call("matmul", table.kernel[il, m, 0], (w, xq, xd, xs, xf, outs[j]))
 
 
 @njit(cache=True, nogil=True)
@@ -150,29 +144,107 @@ def _rows(pair, n_rows):
     return pair[1] if parallel_rows(n_rows, 0, 0) else pair[0]
 
 
+# ---- each native call of the loop, named for its math
+
 @njit(cache=True, nogil=True)
-def _glu_rows(pair, n_rows, n_ff, gelu):
-    """The serial or parallel activation kernel (ops.parallel_rows: by values too)."""
-    least = GEGLU_PARALLEL_VALUES if gelu else SWIGLU_PARALLEL_VALUES
-    return pair[1] if parallel_rows(n_rows, n_rows * n_ff, least) else pair[0]
+def project_qkv(h, table, il, qkv, buf):
+    """(q, k, v) = h @ (Wq, Wk, Wv).T: (p, n_embd) -> (p, n_head|n_kv * hd)."""
+    _project(h, table, il, _i64(ATTN_Q), _i64(3), qkv, buf)
 
 
 @njit(cache=True, nogil=True)
-def _add_residual(k, x, o, post_norm, eps, h):
-    """x += o, through the sub-block's post-norm (gemma3) when it has one, written into h
-    (free by now): an output apart from its input (ops.py says why)."""
-    if post_norm.shape[0]:
-        call("rms_norm", _rows(k.rms_norm, x.shape[0]), (o, post_norm, eps, h))
-        call("add_inplace", k.add_inplace, (x, h))
+def project_one(x, table, il, matrix, out, buf):
+    """out = x @ W.T for one of layer il's LINEARS (attn_output, ffn_down)."""
+    _project(x, table, il, matrix, _i64(1), (out, out, out), buf)
+
+
+@njit(cache=True, nogil=True)
+def project_gate_up(h, table, il, gate_up, buf):
+    """(gate, up) = h @ (Wgate, Wup).T: (p, n_embd) -> (p, n_ff) x2."""
+    _project(h, table, il, _i64(FFN_GATE), _i64(2), gate_up, buf)
+
+
+@njit(cache=True, nogil=True)
+def rms_norm(kern, x, weight, eps, out):
+    """out = x / sqrt(mean(x^2) + eps) * weight, by rows: (rows, dim)."""
+    call("rms_norm", _rows(kern.rms_norm, x.shape[0]), (x, weight, eps, out))
+
+
+@njit(cache=True, nogil=True)
+def head_norms(kern, q, k, q_weight, k_weight, eps):
+    """q and k RMS-normed per head in place (qwen3, gemma3): (n, n_head|n_kv, hd) as rows of
+    hd; nothing for a model without q/k norms (weights of size 0)."""
+    if q_weight.shape[0]:
+        q_rows, k_rows = q.reshape((-1, q.shape[2])), k.reshape((-1, k.shape[2]))
+        call("rms_norm_inplace", _rows(kern.rms_norm_inplace, q_rows.shape[0]),
+             (q_rows, q_weight, eps))
+        call("rms_norm_inplace", _rows(kern.rms_norm_inplace, k_rows.shape[0]),
+             (k_rows, k_weight, eps))
+
+
+@njit(cache=True, nogil=True)
+def add_bias(kern, x, bias):
+    """x += bias by rows (qwen2's q/k/v and output biases); nothing for a (0,) bias."""
+    if bias.shape[0]:
+        call("add_bias", kern.add_bias, (x, bias))
+
+
+@njit(cache=True, nogil=True)
+def rope(kern, x, positions, cos, sin, neox):
+    """x (n, heads, hd) rotated in place at each token's position: cos, sin (n_ctx, n_rot/2)."""
+    call("rope", kern.rope, (x, positions, cos, sin, neox))
+
+
+@njit(cache=True, nogil=True)
+def scale(kern, x, factor):
+    """x *= factor in place; nothing for a factor of 1."""
+    if factor != 1.0:
+        call("scale_inplace", kern.scale_inplace, (x, factor))
+
+
+@njit(cache=True, nogil=True)
+def store_kv(kern, k, v, slots, positions, k_cache, v_cache):
+    """k, v (n, n_kv, hd) written as F16 into the caches (n_slots, n_ctx, n_kv, hd) at each
+    token's slot and position."""
+    call("store_kv", kern.store_kv, (k, v, slots, positions, k_cache, v_cache))
+
+
+@njit(cache=True, nogil=True)
+def attention(kern, q, k_cache, v_cache, slots, positions, window, score_scale, buf, out):
+    """out (n, n_head, hd) = softmax(q . K^T * score_scale, causal, within `window` of each
+    position when window > 0) . V, over each token's slot of the caches."""
+    call("attention", kern.attention, (q, k_cache, v_cache, slots, positions, window,
+                                       score_scale, buf.scores, buf.attn_shared, out,
+                                       kern.attention_task))
+
+
+@njit(cache=True, nogil=True)
+def glu(kern, gate, up, const, out):
+    """out = act(gate) * up, act = gelu_tanh (GeGLU, gemma3) or silu (SwiGLU): (n, n_ff)."""
+    n, n_ff = gate.shape
+    least = GEGLU_PARALLEL_VALUES if const.gelu else SWIGLU_PARALLEL_VALUES
+    kernel = kern.glu[1] if parallel_rows(n, n * n_ff, least) else kern.glu[0]
+    if const.gelu:
+        call("geglu", kernel, (gate, up, const.gelu_table, out))
     else:
-        call("add_inplace", k.add_inplace, (x, o))
+        call("swiglu", kernel, (gate, up, out))
+
+
+@njit(cache=True, nogil=True)
+def add_residual(kern, x, o, post_norm, eps, scratch):
+    """x += o, through the sub-block's post-norm (gemma3) when it has one, written into
+    scratch (free by then): a kernel's output is never one of its inputs (ops.py says why)."""
+    if post_norm.shape[0]:
+        rms_norm(kern, o, post_norm, eps, scratch)
+        call("add_inplace", kern.add_inplace, (x, scratch))
+    else:
+        call("add_inplace", kern.add_inplace, (x, o))
 
 
 # The matrix kernels take tokens in register tiles of 8 and 4 (and 2 or 1 by type); a count
-# between them went as two overlapping smaller tiles, each decoding every weight block again:
-# 3 tokens took longer than 4, and 5-7 longer than 8 (SmolLM2 decode steps, Zen 5: 5.2 ms at
-# 3 against 4.7 at 4; 7.6-7.8 ms at 5-7 against 6.7 at 8). So those counts run as the tile
-# above, when the buffers have the rows: every token's outputs are the same bits in any tile.
+# between them runs as the tile above it, when the buffers have the rows, since two
+# overlapping smaller tiles decode every weight block twice (docs/performance.md, "Padded
+# tiles"). Every token's outputs are the same bits in any tile.
 PAD_TO = (1, 2, 4, 4, 8, 8, 8, 8)  # product rows for 1..8 tokens
 
 
@@ -185,56 +257,50 @@ def product_rows(n, capacity):
 
 
 @njit(cache=True, nogil=True)
-def run_layers(n, positions, slots, t, b, c, k):
-    """Tokens b.x[:n] (already embedded) at positions (n,) in cache slots (n,), int32,
-    through every layer; the result is left in b.x[:n]. t: LayerTable, b: Buffers,
-    c: Numerics, k: Kernels."""
-    x, h, o = b.x[:n], b.h[:n], b.o[:n]  # (n, n_embd)
-    q, kk, v, attn = b.q[:n], b.k[:n], b.v[:n], b.attn[:n]  # (n, n_head|n_kv, hd)
-    gate, up, act = b.gate[:n], b.up[:n], b.act[:n]  # (n, n_ff)
+def run_layers(n, positions, slots, table, buf, const, kern):
+    """Tokens buf.x[:n] (already embedded) at positions (n,) in cache slots (n,), int32,
+    through every layer; the result is left in buf.x[:n]. table: LayerTable, buf: Buffers,
+    const: Numerics, kern: Kernels."""
+    x, h, o = buf.x[:n], buf.h[:n], buf.o[:n]  # (n, n_embd)
+    q, k, v, attn = buf.q[:n], buf.k[:n], buf.v[:n], buf.attn[:n]  # (n, n_head|n_kv, hd)
+    gate, up, act = buf.gate[:n], buf.up[:n], buf.act[:n]  # (n, n_ff)
     # the matrix products run on p >= n rows (product_rows): rows past n are stale, unused
-    p = product_rows(n, b.x.shape[0])
-    h_p, o_p, attn_p = b.h[:p], b.o[:p], b.attn[:p].reshape((p, -1))
-    qkv = (b.q[:p].reshape((p, -1)), b.k[:p].reshape((p, -1)), b.v[:p].reshape((p, -1)))
-    ffn = (b.gate[:p], b.up[:p], b.up[:p])
-    for il in range(t.swa.shape[0]):
-        # attention sub-block
-        call("rms_norm", _rows(k.rms_norm, n), (x, t.attn_norm[il], c.eps, h))  # (n, n_embd)
-        _project(h_p, t, il, _i64(ATTN_Q), _i64(3), qkv, b)  # (p, n_head|n_kv, hd)
-        _add_bias(k, qkv[0], t.attn_q_bias[il])
-        _add_bias(k, qkv[1], t.attn_k_bias[il])
-        _add_bias(k, qkv[2], t.attn_v_bias[il])
-        if t.attn_q_norm.shape[1]:  # per head: (n * n_head|n_kv, hd) rows
-            qr, kr = q.reshape((-1, q.shape[2])), kk.reshape((-1, kk.shape[2]))
-            call("rms_norm_inplace", _rows(k.rms_norm_inplace, qr.shape[0]),
-                 (qr, t.attn_q_norm[il], c.eps))
-            call("rms_norm_inplace", _rows(k.rms_norm_inplace, kr.shape[0]),
-                 (kr, t.attn_k_norm[il], c.eps))
-        swa = t.swa[il] != 0
-        cos, sin = (c.cos_local, c.sin_local) if swa else (c.cos, c.sin)  # (n_ctx, n_rot/2)
-        call("rope", k.rope, (q, positions, cos, sin, c.rope_neox))
-        call("rope", k.rope, (kk, positions, cos, sin, c.rope_neox))
-        if c.q_scale != 1.0:
-            call("scale_inplace", k.scale_inplace, (q, c.q_scale))
-        kc, vc = b.k_cache[il], b.v_cache[il]  # (n_slots, n_ctx, n_kv, hd)
-        call("store_kv", k.store_kv, (kk, v, slots, positions, kc, vc))
-        window = c.window if swa else 0
-        call("attention", k.attention, (q, kc, vc, slots, positions, window, c.score_scale,
-                                        b.scores, b.attn_shared, attn,  # (n, n_head, hd)
-                                        k.attention_task))
-        _project(attn_p, t, il, _i64(ATTN_OUTPUT), _i64(1), (o_p, o_p, o_p), b)
-        _add_bias(k, o, t.attn_output_bias[il])  # (n, n_embd)
-        _add_residual(k, x, o, t.post_attention_norm[il], c.eps, h)
-        # feed-forward sub-block
-        call("rms_norm", _rows(k.rms_norm, n), (x, t.ffn_norm[il], c.eps, h))  # (n, n_embd)
-        _project(h_p, t, il, _i64(FFN_GATE), _i64(2), ffn, b)  # (p, n_ff) x2
-        glu = _glu_rows(k.glu, n, gate.shape[1], c.gelu)
-        if c.gelu:
-            call("geglu", glu, (gate, up, c.gelu_table, act))  # (n, n_ff)
-        else:
-            call("swiglu", glu, (gate, up, act))
-        _project(b.act[:p], t, il, _i64(FFN_DOWN), _i64(1), (o_p, o_p, o_p), b)  # (p, n_embd)
-        _add_residual(k, x, o, t.post_ffw_norm[il], c.eps, h)
+    p = product_rows(n, buf.x.shape[0])
+    h_p, o_p, act_p = buf.h[:p], buf.o[:p], buf.act[:p]  # (p, n_embd), (p, n_ff)
+    attn_p = buf.attn[:p].reshape((p, -1))  # (p, n_head * hd)
+    qkv_p = (buf.q[:p].reshape((p, -1)), buf.k[:p].reshape((p, -1)),
+             buf.v[:p].reshape((p, -1)))  # (p, n_head|n_kv * hd)
+    gate_up_p = (buf.gate[:p], buf.up[:p], buf.up[:p])  # (p, n_ff)
+    eps = const.eps
+    for il in range(table.swa.shape[0]):
+        local = table.swa[il] != 0  # sliding-window layer: its own rope table, a key window
+        cos, sin = (const.cos_local, const.sin_local) if local else (const.cos, const.sin)
+        window = const.window if local else 0
+        k_cache, v_cache = buf.k_cache[il], buf.v_cache[il]  # (n_slots, n_ctx, n_kv, hd)
+
+        # attention: x += Wo . attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h)
+        rms_norm(kern, x, table.attn_norm[il], eps, h)  # (n, n_embd)
+        project_qkv(h_p, table, il, qkv_p, buf)  # (p, n_head|n_kv * hd)
+        add_bias(kern, qkv_p[0], table.attn_q_bias[il])
+        add_bias(kern, qkv_p[1], table.attn_k_bias[il])
+        add_bias(kern, qkv_p[2], table.attn_v_bias[il])
+        head_norms(kern, q, k, table.attn_q_norm[il], table.attn_k_norm[il], eps)
+        rope(kern, q, positions, cos, sin, const.rope_neox)  # (n, n_head, hd)
+        rope(kern, k, positions, cos, sin, const.rope_neox)  # (n, n_kv, hd)
+        scale(kern, q, const.q_scale)
+        store_kv(kern, k, v, slots, positions, k_cache, v_cache)
+        attention(kern, q, k_cache, v_cache, slots, positions, window, const.score_scale,
+                  buf, attn)  # (n, n_head, hd)
+        project_one(attn_p, table, il, _i64(ATTN_OUTPUT), o_p, buf)  # (p, n_embd)
+        add_bias(kern, o, table.attn_output_bias[il])
+        add_residual(kern, x, o, table.post_attention_norm[il], eps, h)  # (n, n_embd)
+
+        # feed-forward: x += W_down . (act(W_gate h) * W_up h)
+        rms_norm(kern, x, table.ffn_norm[il], eps, h)  # (n, n_embd)
+        project_gate_up(h_p, table, il, gate_up_p, buf)  # (p, n_ff) x2
+        glu(kern, gate, up, const, act)  # (n, n_ff)
+        project_one(act_p, table, il, _i64(FFN_DOWN), o_p, buf)  # (p, n_embd)
+        add_residual(kern, x, o, table.post_ffw_norm[il], eps, h)  # (n, n_embd)
 
 
 # ---- the tables, built once at load
@@ -302,7 +368,8 @@ def numerics(config, weights, n_ctx: int) -> Numerics:
 def kernels(blocks, c: Numerics, flash_attn: bool) -> Kernels:
     """The Kernels the loop calls for a model's weights.BlockWeights (compiled or loaded from
     the cache now)."""
-    from edgeinfer.kernels import attention, flash, ops
+    from edgeinfer.kernels import attention as attention_kernels
+    from edgeinfer.kernels import flash, ops
 
     def need(kernel, kind: str, used: bool = True) -> int:
         return native.address(kernel, kind) if used else 0
@@ -315,9 +382,9 @@ def kernels(blocks, c: Numerics, flash_attn: bool) -> Kernels:
 
     has_bias = any(map(some, ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias")))
     # attention first (the most compile time): a cold load's compile helper ends with it
-    attention_task = (flash if flash_attn else attention).task_address()
-    attention_kernel = need(flash.flash_attention if flash_attn else attention.attention,
-                            "attention")
+    attention_task = (flash if flash_attn else attention_kernels).task_address()
+    attention_kernel = need(
+        flash.flash_attention if flash_attn else attention_kernels.attention, "attention")
     return Kernels(
         rms_norm=pair("rms_norm"),
         rms_norm_inplace=pair("rms_norm_inplace", some("attn_q_norm")),
@@ -325,7 +392,7 @@ def kernels(blocks, c: Numerics, flash_attn: bool) -> Kernels:
         scale_inplace=need(ops.scale_inplace, "scale_inplace", c.q_scale != 1.0),
         add_inplace=need(ops.add_inplace, "add_inplace"),
         add_bias=need(ops.add_bias, "add_bias", has_bias),
-        store_kv=need(attention.store_kv, "store_kv"),
+        store_kv=need(attention_kernels.store_kv, "store_kv"),
         attention=attention_kernel,
         attention_task=attention_task,
         glu=pair("geglu" if c.gelu else "swiglu"),
