@@ -148,6 +148,29 @@ def test_decode_alone_equals_row_of_prefill_exactly():
         np.testing.assert_array_equal(alone[0], full[i])
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="the split needs 2 threads")
+@pytest.mark.parametrize("window", [0, 1500])
+@pytest.mark.parametrize("position", [1023, 1200, 2600])
+def test_long_row_is_the_same_bits_alone_split_or_in_a_batch(position, window):
+    """A lone long decode row (its keys split across 2 threads), the same row on one thread,
+    and the same row among short ones in a batch (not split) give the same bits: a server's
+    answer does not depend on what else it is decoding (issue 41)."""
+    rng = np.random.default_rng(position)
+    k, v = make_cache(rng, 8, 2700, 3, 64)
+    q = rng.standard_normal((8, 9, 64)).astype(np.float32)
+    positions = [position] + [40 + 9 * i for i in range(7)]
+    split = run(q[:1], k, v, [0], positions[:1], window, 0.125, threads=2)
+    serial = run(q[:1], k, v, [0], positions[:1], window, 0.125, threads=1)
+    batch = run(q, k, v, list(range(8)), positions, window, 0.125, threads=2)
+    prefill = run(q[:1].repeat(3, 0), k, v, [0] * 3, [position - 2, position - 1, position],
+                  window, 0.125, threads=2)
+    np.testing.assert_array_equal(split[0], serial[0])
+    np.testing.assert_array_equal(split[0], batch[0])
+    ref = reference(q[:1], k, v, [0], positions[:1], window, 0.125)
+    np.testing.assert_allclose(split, ref, atol=ATOL / 4, rtol=0)
+    np.testing.assert_array_equal(split[0], prefill[2])  # the last row of a prefill tile
+
+
 def test_given_scratch_is_used_and_any_size_works():
     """`scores` rows of scratch_floats(...) floats avoid the per-call allocation; smaller
     ones make the kernel allocate its own, with the same result."""

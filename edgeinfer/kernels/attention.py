@@ -47,7 +47,11 @@ FAST = {"reassoc", "contract"}
 TILE_TOKENS = 16  # most query tokens per tile: 16 x (heads per KV head) rows share each K/V row
 KEY_BLOCK = 64  # keys converted and multiplied per step; a multiple of the 4-key unroll
 SCORE_BUDGET = 1 << 18  # floats of raw scores a tile may keep (1 MiB: fits in L2)
-SPLIT_MIN_KEYS = 512  # a decode row's keys are split across threads in ranges at least this long
+# P.V sums are kept per segment of this many keys, aligned to absolute positions, and added
+# in order, so a row's output is the same bits whether its keys are split across threads
+# (a lone long decode row) or not (in a batch, a prefill tile, on one thread).
+SEGMENT_KEYS = 512  # a multiple of KEY_BLOCK
+SPLIT_MIN_KEYS = SEGMENT_KEYS  # a decode row's keys are split in ranges at least this long
 SERIAL_MACS = 1 << 18  # calls with less work (q.k + p.v multiply-adds) run on one thread
 # A layer's KV rows are cold at each step (the weights streamed through the caches since), and
 # one KV head's rows are strided, which the hardware prefetcher follows poorly: 8-sequence
@@ -69,8 +73,28 @@ def shared_floats(n_head: int, head_dim: int, n_ctx: int, n_threads: int) -> int
     scores of the rows it splits, or their (M, S); their partial value sums): fewer than
     2 * n_threads rows, in at most 2 * n_threads key ranges. A smaller `shared` still works,
     but then each such call allocates it."""
-    rows = parts = 2 * n_threads
+    rows = 2 * n_threads
+    parts = max(2 * n_threads, _max_segments(n_ctx))  # flash's key ranges, attention's segments
     return rows * n_head * (n_ctx + parts * (head_dim + 2))
+
+
+@njit(cache=True, nogil=True)
+def _max_segments(n_keys):
+    """The most segments a range of n_keys keys can touch."""
+    return n_keys // SEGMENT_KEYS + 2
+
+
+@njit(cache=True, nogil=True)
+def _segments(ka, kb):
+    """The segments [first, end) that cover keys [ka, kb)."""
+    return ka // SEGMENT_KEYS, (kb - 1) // SEGMENT_KEYS + 1
+
+
+@njit(cache=True, nogil=True)
+def _segment_blocks(seg, ka, kb):
+    """The key blocks [lo, hi) of segment seg that hold keys of [ka, kb)."""
+    per = SEGMENT_KEYS // KEY_BLOCK
+    return max(seg * per, ka // KEY_BLOCK), min((seg + 1) * per, (kb - 1) // KEY_BLOCK + 1)
 
 
 @njit(cache=True, nogil=True)
@@ -459,11 +483,19 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
         _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
                      blk_lo, blk_hi, sc)
         _tile_softmax(sc, scale, positions, i, group, window, ka, 0, nt * group)
-        _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
-                     blk_lo, blk_hi)
-        for t in range(nt):
-            for g in range(group):
-                out[i + t, kvh * group + g] = acc[t * group + g]
+        first, end_seg = _segments(ka, kb)
+        for seg in range(first, end_seg):  # out = seg_0 + seg_1 + ..., in order
+            seg_lo, seg_hi = _segment_blocks(seg, ka, kb)
+            _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
+                         seg_lo, seg_hi)
+            for t in range(nt):  # a row outside the segment adds exact zeros
+                for g in range(group):
+                    row, head = t * group + g, kvh * group + g
+                    for d in range(hd):
+                        if seg == first:
+                            out[i + t, head, d] = acc[row, d]
+                        else:
+                            out[i + t, head, d] += acc[row, d]
         i = i1
 
 
@@ -523,9 +555,9 @@ def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest,
         return
     # Few long rows (decode): each row's keys split into n_part ranges across the threads
     # (chunk == 1); scores, softmax and P·V are three parallel phases over shared scores.
-    n_sc = n * n_head * longest
+    n_sc, n_segs = n * n_head * longest, _max_segments(longest)
     sc_all = split[:n_sc].reshape((n, n_head, longest))
-    part_acc = split[n_sc : n_sc + n_part * n * n_head * hd].reshape((n_part, n, n_head, hd))
+    seg_acc = split[n_sc : n_sc + n_segs * n * n_head * hd].reshape((n_segs, n, n_head, hd))
     one = np.int64(1)  # run_tasks says why
     if mode == SPLIT_ROWS:  # the softmax of row i, head task % n_head
         i = task // n_head
@@ -540,27 +572,33 @@ def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest,
         blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
         _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, one, group, window,
                      ka, kb, blk_lo, blk_hi, scores)
-    else:
+    else:  # this part's share of the row's segments, each one's sums kept apart
         ka, kb = _key_range(positions[i], window)
-        blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-        _tile_values(acc, scores, v_cache, kf, slots[i], kvh, positions, i, one, group, window,
-                     ka, kb, blk_lo, blk_hi)
-        for g in range(group):
-            part_acc[part, i, kvh * group + g] = acc[g]
+        first, end_seg = _segments(ka, kb)
+        for seg in range(first + (end_seg - first) * part // n_part,
+                         first + (end_seg - first) * (part + 1) // n_part):
+            seg_lo, seg_hi = _segment_blocks(seg, ka, kb)
+            _tile_values(acc, scores, v_cache, kf, slots[i], kvh, positions, i, one, group,
+                         window, ka, kb, seg_lo, seg_hi)
+            for g in range(group):
+                seg_acc[seg - first, i, kvh * group + g] = acc[g]
 
 
 @njit(cache=True, nogil=True)
-def _sum_parts(split, n_part, longest, out):
-    """out = the sum of a decode split's per-range outputs, in range order."""
+def _sum_segments(split, positions, window, longest, out):
+    """out = the sum of a decode split's per-segment outputs, in segment order: the order
+    _run_item adds them in."""
     n, n_head, hd = out.shape
-    n_sc = n * n_head * longest
-    part_acc = split[n_sc : n_sc + n_part * n * n_head * hd].reshape((n_part, n, n_head, hd))
+    n_sc, n_segs = n * n_head * longest, _max_segments(longest)
+    seg_acc = split[n_sc : n_sc + n_segs * n * n_head * hd].reshape((n_segs, n, n_head, hd))
     for i in range(n):  # loops, not array expressions: those compile for a second longer
+        ka, kb = _key_range(positions[i], window)
+        first, end_seg = _segments(ka, kb)
         for h in range(n_head):
             for d in range(hd):
-                total = part_acc[0, i, h, d]
-                for part in range(1, n_part):
-                    total += part_acc[part, i, h, d]
+                total = seg_acc[0, i, h, d]
+                for seg in range(1, end_seg - first):
+                    total += seg_acc[seg, i, h, d]
                 out[i, h, d] = total
 
 
@@ -611,13 +649,13 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
     work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
     n_part = _split_parts(n_items, longest) if parallel else 1
     split = shared
-    if n_part > 1:  # the rows' scores, then each key range's value sums
-        size = n * n_head * longest + n_part * n * n_head * hd
+    if n_part > 1:  # the rows' scores, then each segment's value sums
+        size = n * n_head * longest + _max_segments(longest) * n * n_head * hd
         split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
     run_tasks(task, np.int64(SPLIT_VALUES), parallel, n_part, n_items, chunk, longest, q,
               k_cache, v_cache, slots, positions, window, scale, work, split, out)
     if n_part > 1:
-        _sum_parts(split, n_part, longest, out)
+        _sum_segments(split, positions, window, longest, out)
 
 
 def task_address() -> int:
