@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import SamplingParams, make_sampler
 
+SAMPLING = SamplingParams()  # generate's defaults
 DEFAULT_CTX = 4096  # llama.cpp's default context size, capped at the model's own
 
 
@@ -124,17 +126,23 @@ class Model:
         return out
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
-                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
-                 seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[str]:
-        """Yield generated text pieces (a prompt string is tokenized with special tokens)."""
+                 temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
+                 top_p: float = SAMPLING.top_p, min_p: float = SAMPLING.min_p,
+                 repeat_penalty: float = SAMPLING.repeat_penalty,
+                 repeat_last_n: int = SAMPLING.repeat_last_n,
+                 presence_penalty: float = SAMPLING.presence_penalty,
+                 frequency_penalty: float = SAMPLING.frequency_penalty,
+                 seed: int | None = SAMPLING.seed, stop: Sequence[str] = ()) -> Iterator[str]:
+        """Yield generated text pieces (a prompt string is tokenized with special tokens).
+        max_tokens -1 generates until EOS or the end of the context (the CLI's and the
+        server's default, N_PREDICT); the sampling defaults are `SamplingParams()`'s."""
         from edgeinfer.generate import stream_generate
-        from edgeinfer.sampling import SamplingParams, make_sampler
 
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         sampler = make_sampler(SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed))
+            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed))
         for event in stream_generate(self, ids, sampler, max_tokens, stop):
             if event.text:
                 yield event.text

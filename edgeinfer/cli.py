@@ -15,6 +15,9 @@ import typer
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import N_PREDICT, SamplingParams
+
+SAMPLING = SamplingParams()  # the sampling flags' defaults
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -62,15 +65,18 @@ def run(
     model: str | None = MODEL_ARG,
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
     file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict",
+    n_predict: int = typer.Option(N_PREDICT, "-n", "--n-predict",
                                   help="Tokens to generate (-1: until EOS)."),
-    temp: float = typer.Option(0.8, "--temp", help="Temperature (0: greedy)."),
-    top_k: int = typer.Option(40, "--top-k"),
-    top_p: float = typer.Option(0.95, "--top-p"),
-    min_p: float = typer.Option(0.05, "--min-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n"),
-    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random)."),
+    temp: float = typer.Option(SAMPLING.temperature, "--temp", help="Temperature (0: greedy)."),
+    top_k: int = typer.Option(SAMPLING.top_k, "--top-k"),
+    top_p: float = typer.Option(SAMPLING.top_p, "--top-p"),
+    min_p: float = typer.Option(SAMPLING.min_p, "--min-p"),
+    repeat_penalty: float = typer.Option(SAMPLING.repeat_penalty, "--repeat-penalty"),
+    repeat_last_n: int = typer.Option(SAMPLING.repeat_last_n, "--repeat-last-n"),
+    presence_penalty: float = typer.Option(SAMPLING.presence_penalty, "--presence-penalty"),
+    frequency_penalty: float = typer.Option(SAMPLING.frequency_penalty, "--frequency-penalty"),
+    seed: int = typer.Option(-1, "-s", "--seed",  # -1 spells SAMPLING.seed, None
+                             help="RNG seed (-1: random)."),
     threads: int | None = THREADS,
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
@@ -80,15 +86,22 @@ def run(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr."),
 ) -> None:
     """Generate text from a prompt, streamed to stdout (timings go to stderr)."""
-    from edgeinfer.commands.run import RunOptions, run_command
-
     text = _read_prompt(prompt, file)
-    options = RunOptions(
-        model=model, prompt=text, n_predict=n_predict, temperature=temp, top_k=top_k,
-        top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-        seed=None if seed < 0 else seed, threads=threads, n_ctx=ctx_size, raw=raw,
-        system=system, stop=tuple(stop), quiet=quiet, flash_attn=_flash(flash_attn))
-    _guard(run_command, options)
+
+    def start() -> None:  # inside _guard: SamplingParams rejects bad values
+        from edgeinfer.commands.run import RunOptions, run_command
+
+        sampling = SamplingParams(
+            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            seed=None if seed < 0 else seed)
+        run_command(RunOptions(
+            model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
+            n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
+            flash_attn=_flash(flash_attn)))
+
+    _guard(start)
 
 
 @app.command()

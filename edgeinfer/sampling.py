@@ -6,6 +6,10 @@ pure function over a set of candidates (token ids plus their logits); `Sampler` 
 together once per request and owns the only random state, a seeded `np.random.Generator`.
 
 Temperature <= 0 is greedy: argmax over the penalized logits (llama.cpp's greedy sampler).
+
+`SamplingParams` and `N_PREDICT` hold the defaults, llama.cpp's; every front end takes its
+defaults from them: the CLI's flags, `RunOptions`, `Model.generate` and the server's request
+fields (tests/test_sampling_defaults.py checks that they agree).
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import numpy as np
 
 from edgeinfer.errors import EdgeInferError
 
+N_PREDICT = -1  # tokens to generate (llama.cpp's n_predict); -1: until EOS or the context is full
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; the defaults are llama.cpp's (common/common.h)."""
+    """Sampling settings; the defaults are llama.cpp's (common/common.h), and the only copy
+    of them: front ends read `SamplingParams()` rather than repeating the values."""
 
     temperature: float = 0.8
     top_k: int = 40  # <= 0: disabled

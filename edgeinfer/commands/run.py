@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import N_PREDICT, SamplingParams, make_sampler
 
 
 @dataclass(frozen=True)
 class RunOptions:
     model: str | None
     prompt: str | None
-    n_predict: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = N_PREDICT
     threads: int | None = None
     n_ctx: int = 0
     raw: bool = False
@@ -33,15 +28,12 @@ def run_command(opts: RunOptions) -> None:
     from edgeinfer.commands.progress import byte_progress, status
     from edgeinfer.generate import stream_generate
     from edgeinfer.pull import resolve_model
-    from edgeinfer.sampling import SamplingParams, make_sampler
 
     if opts.prompt is None:
         raise EdgeInferError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
     if not opts.prompt.strip():
         raise EdgeInferError("empty prompt: nothing to generate from")
-    sampler = make_sampler(SamplingParams(
-        temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
-        repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed))
+    sampler = make_sampler(opts.sampling)
     with byte_progress(opts.quiet) as report:
         path = resolve_model(opts.model, report)
     with status(f"loading {path.name}", opts.quiet) as update:

@@ -1,7 +1,7 @@
 """Request JSON -> typed, validated objects, at the edge (llama-server's params_from_json_cmpl
-and oaicompat_*_params_parse). Field names and defaults: shared/docs/llama-server-api.md §2.2,
-§4. Anything wrong raises `ApiError(400)` with a one-line message; nothing downstream
-re-checks the types.
+and oaicompat_*_params_parse). Field names are llama-server's (its tools/server/README.md);
+the sampling defaults are `SamplingParams()`'s and the length default `N_PREDICT`. Anything
+wrong raises `ApiError(400)` with a one-line message; nothing downstream re-checks the types.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.sampling import N_PREDICT, SamplingParams
 from edgeinfer.server.errors import bad_request
+
+SAMPLING = SamplingParams()  # the defaults of the request's sampling fields
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
 PromptPiece = str | int
@@ -23,7 +25,7 @@ class GenParams:
     """Everything one generation needs besides its prompt tokens."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    n_predict: int = -1  # -1: until EOS or the context is full
+    n_predict: int = N_PREDICT  # -1: until EOS or the context is full
     stop: tuple[str, ...] = ()
     stream: bool = False
     n_probs: int = 0  # top-N alternatives reported per generated token
@@ -96,21 +98,21 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    seed = _integer(body, "seed", -1)
+    seed = _integer(body, "seed", -1)  # -1 and DEFAULT_SEED spell SAMPLING.seed, None
     if seed == -1 or seed == DEFAULT_SEED:
         seed = None
     elif seed < 0:
         raise bad_request(f"'seed' must be >= 0 or -1, got {seed}")
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", 0.8),
-            top_k=_integer(body, "top_k", 40),
-            top_p=_number(body, "top_p", 0.95),
-            min_p=_number(body, "min_p", 0.05),
-            repeat_penalty=_number(body, "repeat_penalty", 1.0),
-            repeat_last_n=_integer(body, "repeat_last_n", 64),
-            presence_penalty=_number(body, "presence_penalty", 0.0),
-            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            temperature=_number(body, "temperature", SAMPLING.temperature),
+            top_k=_integer(body, "top_k", SAMPLING.top_k),
+            top_p=_number(body, "top_p", SAMPLING.top_p),
+            min_p=_number(body, "min_p", SAMPLING.min_p),
+            repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
+            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n),
+            presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
+            frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
             seed=seed)
     except EdgeInferError as exc:
         raise bad_request(str(exc)) from None
@@ -133,10 +135,10 @@ def _reject_unsupported(body: dict) -> None:
 def gen_params(body: dict, n_probs: int = 0) -> GenParams:
     """The generation settings shared by every completion route."""
     _reject_unsupported(body)
-    n_predict = -1
+    n_predict = N_PREDICT
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
         if body.get(key) is not None:
-            n_predict = _integer(body, key, -1)
+            n_predict = _integer(body, key, N_PREDICT)
     if n_predict < -1:
         raise bad_request(f"'n_predict' must be >= -1, got {n_predict}")
     stream_options = body.get("stream_options") or {}
