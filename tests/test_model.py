@@ -243,7 +243,7 @@ def test_compiles_are_named_as_they_happen_and_summed_up():
     compiled says nothing (the warm-start case)."""
     import numba
 
-    from edgeinfer.api import COMPILING, distinct_stages, reporting_compiles
+    from edgeinfer.process import COMPILING, distinct_stages, reporting_compiles
 
     @numba.njit
     def fresh_kernel(x):

@@ -14,12 +14,12 @@ from edgeinfer.kernels import precompile
 
 # In a fresh process on the child's cache: how many kernels the layer loop's attention and
 # row kernels still need compiled (numba raises "numba:compile" only on a cache miss).
-# The load starts Numba's thread pool first (api.set_threads): the cached parallel kernels
+# The load starts Numba's thread pool first (process.set_threads): the cached parallel kernels
 # link against its symbols.
 COUNT_COMPILES = """
 import sys
 from numba.core import event
-from edgeinfer.api import set_threads
+from edgeinfer.process import set_threads
 from edgeinfer.kernels import precompile
 set_threads(None)
 class Count(event.Listener):

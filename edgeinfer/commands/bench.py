@@ -14,9 +14,10 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     from rich.console import Console
     from rich.table import Table
 
-    from edgeinfer.api import Model, set_threads, settle_heap
+    from edgeinfer.api import Model
     from edgeinfer.bench import run_bench
     from edgeinfer.commands.progress import status
+    from edgeinfer.process import set_threads, settle_heap
     from edgeinfer.pull import resolve_model
 
     if min(n_prompt, n_gen, depth) < 0:

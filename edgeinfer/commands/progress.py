@@ -52,7 +52,7 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
         yield lambda text: None
         return
     if not stderr.is_terminal:
-        from edgeinfer.api import distinct_stages
+        from edgeinfer.process import distinct_stages
 
         def line(text: str) -> None:
             sys.stderr.write(f"{text}\n")
@@ -60,7 +60,7 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
 
         yield distinct_stages(line)
         return
-    from edgeinfer.api import COMPILED
+    from edgeinfer.process import COMPILED
 
     with stderr.status(message) as spinner:
         def update(text: str) -> None:

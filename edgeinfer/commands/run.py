@@ -37,7 +37,8 @@ def run_command(opts: RunOptions) -> None:
     with byte_progress(opts.quiet) as report:
         path = resolve_model(opts.model, report)
     with status(f"loading {path.name}", opts.quiet) as update:
-        from edgeinfer.api import Model, settle_heap
+        from edgeinfer.api import Model
+        from edgeinfer.process import settle_heap
 
         model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
                            flash_attn=opts.flash_attn, compile_helper=True)

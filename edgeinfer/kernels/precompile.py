@@ -48,7 +48,7 @@ def compile_layer_kernels(flash_attn: bool) -> None:
 
     from edgeinfer.kernels import attention, flash, native, ops
 
-    # the thread pool first, as the load does (api.set_threads): a parallel kernel already in
+    # the thread pool first, as the load does (process.set_threads): a parallel kernel already in
     # the cache links against its symbols, and without them LLVM aborts the process
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     for kind in ("swiglu", "geglu"):

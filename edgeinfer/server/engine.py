@@ -198,7 +198,8 @@ class Engine(threading.Thread):
                 self._fail_all(ApiError(500, f"internal error: {exc}"))
 
     def _load(self) -> None:
-        from edgeinfer.api import Model, distinct_stages, settle_heap
+        from edgeinfer.api import Model
+        from edgeinfer.process import distinct_stages, settle_heap
 
         t0 = time.perf_counter()
         self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
