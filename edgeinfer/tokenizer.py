@@ -21,7 +21,7 @@ llama.cpp (`src/llama-vocab.cpp`) tokenizes in two stages, and so do we:
 The BPE merge table (token-id triples) is cached (`.npy`) under `cache_dir`, keyed by a hash of
 everything it is built from. Detokenization uses per-id byte pieces with llama.cpp's
 `token_to_piece` rules, built lazily, never HF decoders (they differ on control, unknown and
-user-defined tokens). Reference: shared/docs/tokenizer.md.
+user-defined tokens). The facts behind these rules: docs/tokenizer.md.
 """
 
 from __future__ import annotations
