@@ -1,6 +1,6 @@
 """The one frozen model configuration, built from GGUF metadata.
 
-Only `base_config` (generic `{arch}.*` keys, shared/docs/architectures.md §1.2) and each
+Only `base_config` (generic `{arch}.*` keys, docs/architecture.md "GGUF metadata") and each
 architecture's `config_from_gguf` hook read metadata; everything downstream takes this object.
 """
 

@@ -1,10 +1,10 @@
 """GGUF reader: metadata and zero-copy tensor views over one memory map.
 
 We parse the header ourselves instead of using `gguf.GGUFReader` because that reader builds
-numpy objects for every array element and takes ~20 s on a 128k-token vocabulary
-(shared/docs/tokenizer.md §3.1); this one reads string arrays in a tight loop and hands out
-numeric arrays and tensors as `np.frombuffer` views of the map, so weights stay quantized and
-are paged in by the OS only when a kernel touches them.
+numpy objects for every array element, which takes seconds on a large vocabulary
+(docs/tokenizer.md, "Reading the vocabulary"); this one reads string arrays in a tight loop
+and hands out numeric arrays and tensors as `np.frombuffer` views of the map, so weights stay
+quantized and are paged in by the OS only when a kernel touches them.
 
 Layout (gguf-py/gguf/constants.py, GGUF spec): magic "GGUF", u32 version, u64 n_tensors,
 u64 n_kv, the key/value section, tensor infos (name, n_dims, dims innermost-first, type,

@@ -5,8 +5,8 @@ flags (`read_vocab`). Transcribed from llama.cpp as vendored in llama-cpp-python
 heuristics) and `include/llama.h` (token attributes).
 
 The regex strings are llama.cpp's own, C-unescaped and machine-extracted; non-ASCII literals are
-written as escapes so no editor or formatter can NFC-normalize them (shared/docs/tokenizer.md
-§3.2: a normalized copy of the deepseek class silently matched half of Unicode). They are
+written as escapes so no editor or formatter can NFC-normalize them (docs/tokenizer.md,
+"Encoding": a normalized copy of the deepseek class silently matched half of Unicode). They are
 applied in order, each one re-splitting the pieces of the previous one, like HF `Split(...,
 "isolated")`. llama.cpp runs most of them through `std::regex` over a text where each non-ASCII
 code point is collapsed to one byte for its category, so `\\p{Lu}` there means any letter; none
