@@ -508,3 +508,22 @@ def test_flash_attention_flag_serves_the_flash_numerics(tmp_path):
     local = Model.load(model, n_ctx=256, flash_attn=True)
     expected = "".join(local.generate("Gamma note", max_tokens=12, temperature=0))
     assert r["tokens_predicted"] == 12 and r["content"] == expected
+
+
+def test_servers_started_at_once_listen_on_their_own_ports(tmp_path):
+    """Each server binds port 0 itself and names the port it got: two starting together
+    cannot be handed the same one."""
+    model = write_tiny_model(tmp_path / "tiny.gguf")
+    with ThreadPoolExecutor(2) as pool:
+        starts = [pool.submit(ServerProcess, model, "-np", "1", "-c", "128") for _ in range(2)]
+    servers = [f.result() for f in starts if f.exception() is None]
+    try:
+        assert len(servers) == 2, [f.exception() for f in starts]
+        assert servers[0].port != servers[1].port
+        for srv in servers:
+            assert f"listening on {srv.url} " in srv.log_text()
+            r = post(srv, "/completion", {"prompt": "hi", "n_predict": 2, "ignore_eos": True})
+            assert r.json()["tokens_predicted"] == 2
+    finally:
+        for srv in servers:
+            srv.stop()

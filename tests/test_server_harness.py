@@ -27,14 +27,18 @@ T = TypeVar("T")
 
 
 class ServerProcess:
-    def __init__(self, model: Path, *args: str, timeout: float = 600.0):
+    """`python -m edgeinfer.server MODEL --port 0 ARGS...` (`entry` may name another module
+    that takes the same arguments: `("edgeinfer.cli", "serve")`), ready on return."""
+
+    def __init__(self, model: Path, *args: str, timeout: float = 600.0,
+                 entry: tuple[str, ...] = ("edgeinfer.server",)):
         fd, log_path = tempfile.mkstemp(prefix="edgeinfer-server-", suffix=".log")
         self.log_path = Path(log_path)
         self.log = os.fdopen(fd, "w")  # closed and removed in stop()
         self.port, self.url = 0, ""  # known once the server says where it listens
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeinfer.server", str(model), "--port", "0", *args],
+            [sys.executable, "-m", *entry, str(model), "--port", "0", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         try:
             self.wait_ready(timeout)
