@@ -59,7 +59,8 @@ class ServerProcess:
             if got:
                 return got
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not after {timeout} s\n{self.log_tail()}")
+                raise TimeoutError(f"gave up waiting for {what} after {timeout} s\n"
+                                   f"{self.log_tail()}")
             time.sleep(0.05)
 
     def wait_ready(self, timeout: float) -> None:
@@ -86,11 +87,11 @@ class ServerProcess:
         def idle() -> list[dict] | None:
             slots = self.slots()
             return None if any(s["is_processing"] for s in slots) else slots
-        return self.poll("every slot idle", idle, timeout)
+        return self.poll("every slot to be idle", idle, timeout)
 
     def wait_busy(self, timeout: float = 30.0) -> list[dict]:
         """Poll /slots until some slot is processing; return the busy slots."""
-        return self.poll("a slot processing",
+        return self.poll("a slot to be processing",
                          lambda: [s for s in self.slots() if s["is_processing"]], timeout)
 
     # -- the log -----------------------------------------------------------------------------
