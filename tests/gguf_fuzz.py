@@ -6,7 +6,8 @@ the hardening regressions (tests/test_gguf_hardening.py). A `Layout` is a file a
 where every fixed-width header field landed, so a mutation can rewrite one field with a
 lying value (an array count, a string length, n_dims) without re-encoding the rest.
 
-`mutate(draw, layout)` applies one to three mutations chosen by hypothesis; `check_in_process`
+`mutate(draw, layout)` applies one to three mutations chosen by hypothesis (`mutate_mild` one
+that keeps the header valid); `check_in_process`
 and `check_cli` run a file through the loader, config, tokenizer tables, weight views and
 `info` rendering (in this process, fast) or through the real CLI (a subprocess), and report
 what happened as an `Outcome`: "ok", "refused" (an EdgeInferError, the one error a user may
@@ -362,6 +363,19 @@ def _mutate_bytes(draw: Draw, raw: bytes, fields: list[Field]) -> bytes:
         else:
             del buf[pos: pos + draw(st.integers(1, 16))]
     return bytes(buf)
+
+
+def mutate_mild(draw: Draw, layout: Layout) -> bytes:
+    """One mutation that keeps the header valid: odd text in a string the model prints or
+    renders (name, chat template), or NaN/inf weights. The CLI cases use it to reach `run`'s
+    template, generation and sampler."""
+    layout = layout.copy()
+    if draw(st.booleans()):
+        key = draw(st.sampled_from(["general.name", "tokenizer.chat_template"]))
+        layout.set(key, STRING, draw(st.sampled_from(STRINGS) | st.text(max_size=100)))
+    else:
+        _mutate_data(draw, layout)
+    return serialize(layout)[0]
 
 
 def mutate(draw: Draw, layout: Layout) -> bytes:
