@@ -199,6 +199,14 @@ def test_block_count_zero_run_exits_non_zero(base, write):
     assert out.status == "refused" and "block_count" in out.detail, out.detail
 
 
+def test_serve_refuses_with_one_line(base, write):
+    path = write(with_kv(base, "llama.block_count", U32, 2_000_000_000))
+    proc = cli("serve", path, "--port", "0", timeout=120)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("error: invalid model: 'llama.block_count' is 2000")
+
+
 @pytest.mark.parametrize("key, value", [
     ("llama.attention.layer_norm_rms_epsilon", -math.inf),
     ("llama.attention.layer_norm_rms_epsilon", math.nan),
