@@ -64,6 +64,7 @@ from edgeinfer.kernels.emit import (
 from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.legacy_blocks import (
     BLOCK_FORMATS,
+    BlockFormat,
     block_dwords,
     block_words,
     halves,
@@ -108,13 +109,12 @@ YMM_STEPS = DOT_PATH == "avx2" and GROUP == 8
 LOGITS = 1 << 8  # a kernel code: its GGML type, plus LOGITS for the output head's variant
 
 
-def _block_format(code: int) -> tuple:
-    """The BLOCK_FORMATS entry of a kernel code, without the AVX2 8-block decoder where the
+def _block_format(code: int) -> BlockFormat:
+    """The BLOCK_FORMATS entry of a kernel code, without the AVX2 8-block decoders where the
     kernel keeps llama.cpp's block order."""
-    decode, quad, oct_, ymm, pair, *rest = BLOCK_FORMATS[code & (LOGITS - 1)]
-    has_min = rest[-1]
-    wide = has_min or code & LOGITS
-    return (decode, quad, oct_, ymm if wide else None, pair if wide else None, *rest)
+    fmt = BLOCK_FORMATS[code & (LOGITS - 1)]
+    wide = fmt.has_min or code & LOGITS
+    return fmt if wide else fmt._replace(ymm=None, pair=None)
 
 
 def _dot_generic(builder, a, b):
@@ -186,11 +186,10 @@ class _Tile:
     taken once per token and block by one more vpdpbusd against ones, and the correction
     seeded into the accumulator of the vpdpbusd itself; all exact integers."""
 
-    def __init__(self, decode, quad, oct_, ymm, pair, block_bytes: int, bias: int, max_u: int,
-                 has_min: bool, rows: int, toks: int):
-        self.decode, self.quad, self.oct, self.ymm, self.pair = decode, quad, oct_, ymm, pair
-        self.block_bytes, self.bias, self.max_u = block_bytes, bias, max_u
-        self.has_min, self.rows, self.toks = has_min, rows, toks
+    def __init__(self, fmt: BlockFormat, rows: int, toks: int):
+        self.fmt, self.rows, self.toks = fmt, rows, toks
+        self.block_bytes, self.bias, self.max_u = fmt.block_bytes, fmt.bias, fmt.max_u
+        self.has_min = fmt.has_min
 
     def _blocks(self, builder, w_row, i, n: int):
         """Pointers to blocks i .. i+n-1 of a weight row."""
@@ -222,9 +221,9 @@ class _Tile:
         """Step's blocks of one row: (u or signed <32nb x i8>, d <8nb x f32>)."""
         blks = self._blocks(builder, w_row, i, nb)
         prefetch(builder, builder.gep(blks[0], [ahead]))
-        q = self.decode(builder, blks[0])
+        q = self.fmt.single(builder, blks[0])
         if nb == 2:
-            q = shuffle(builder, q, self.decode(builder, blks[1]), list(range(64)))
+            q = shuffle(builder, q, self.fmt.single(builder, blks[1]), list(range(64)))
         if DOT_PATH != "vnni" and self.bias:  # sign trick path wants signed values
             q = builder.sub(q, splat(_I8, 32 * nb, self.bias))
         d = repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 8)
@@ -281,7 +280,7 @@ class _Tile:
         blks = self._blocks(builder, w_row, i, 4)
         for line in range(0, 4 * self.block_bytes, 64):
             prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
-        lo, hi = self.quad(builder, blks)
+        lo, hi = self.fmt.quad(builder, blks)
         return lo, hi, repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 4)
 
     def quad_step(self, builder, w_rows, ahead, toks, i, accs):
@@ -325,7 +324,7 @@ class _Tile:
             prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
         # opaque: else LLVM multiplies d_w by d_x in 8 lanes and then copies the product
         # into the upper 8 (a port-5 shuffle per row and token)
-        return self.oct(builder, blks), opaque(
+        return self.fmt.oct(builder, blks), opaque(
             builder, oct_scales(builder, blks[0], self.block_bytes), "=v,0")
 
     def _oct_mins(self, builder, w_row, i):
@@ -412,7 +411,7 @@ class _Tile:
             blks = self._blocks(builder, w_row, i, 8)
             for line in range(0, 8 * self.block_bytes, 64):
                 prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
-            regs = self.ymm(builder, blks)
+            regs = self.fmt.ymm(builder, blks)
             if signed:
                 regs = [builder.sub(q, splat(_I8, 32, self.bias)) for q in regs]
             d_w, m_w = ymm_scales(builder, blks[0], self.block_bytes)
@@ -473,7 +472,7 @@ class _Tile:
             blks = self._blocks(builder, w_row, i, 2)
             for line in range(0, 2 * self.block_bytes, 64):
                 prefetch(builder, builder.gep(blks[0], [builder.add(ahead, _I64(line))]))
-            regs = self.pair(builder, blks)
+            regs = self.fmt.pair(builder, blks)
             d_w = repeat_lanes(builder, [load_f16(builder, b, 0) for b in blks], 4)
             m_w = None
             if self.has_min:  # each block's minimum once: lanes 0 and 4
@@ -572,7 +571,7 @@ class _Tile:
                 self.oct_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
                               accs)
             done = builder.mul(n_oct, _I64(8))
-        if YMM_STEPS and self.ymm is not None:
+        if YMM_STEPS and self.fmt.ymm is not None:
             n_oct = builder.udiv(n_blocks, _I64(8))
             with cgutils.for_range(builder, n_oct) as loop:
                 self.ymm_step(builder, w_rows, ahead, toks, builder.mul(loop.index, _I64(8)),
@@ -646,7 +645,7 @@ def _tile(typingctx, code, rows, toks, w, r0, xq, xd, xs, t0, out):
     )
     if not ok:
         raise TypingError("legacy kernels need C-contiguous 2-D arrays of the documented dtypes")
-    emitter = _Tile(*fmt, n_rows, n_toks)
+    emitter = _Tile(fmt, n_rows, n_toks)
     sig = types.none(code, rows, toks, w, types.intp, xq, xd, xs, types.intp, out)
     return sig, emitter.emit
 
@@ -671,7 +670,7 @@ def _tile_rows(code: int) -> int:
     """Register tile rows of a kernel code."""
     if _WIDE_TILES:
         return 2
-    return 1 if YMM_STEPS and _block_format(code)[3] is not None else 2
+    return 1 if YMM_STEPS and _block_format(code).ymm is not None else 2
 
 
 ROWS_PER_CHUNK = 16  # output rows per chunk, rounded up to whole tiles: stays in L1

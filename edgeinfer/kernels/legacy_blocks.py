@@ -22,6 +22,9 @@ j is the 5th bit of value j.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba.core import cgutils
@@ -454,14 +457,29 @@ def splat_value(builder, value, n: int):
     return shuffle(builder, v, v, [0] * n)
 
 
-# GGML type code -> (decoder, quad decoder, oct decoder, AVX2 oct decoder, AVX2 pair decoder,
-# block bytes, bias added by the decoders, largest decoded byte, has a minimum: the `_1`
-# formats, which multiply Q8_1 activations)
-BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, _pair_q8_0, 34, 128, 255,
-                  False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, _pair_q4_0, 18, 8, 15, False),
-    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, _pair_q4_1, 20, 0, 15, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, _pair_q5_0, 22, 16, 31, False),
-    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, _pair_q5_1, 24, 0, 31, True),
+class BlockFormat(NamedTuple):
+    """One legacy type's block decoders (the layouts of the table above) and constants."""
+
+    single: Callable  # (builder, block ptr) -> <32 x u8>
+    quad: Callable  # (builder, 4 block ptrs) -> (lo, hi) <64 x u8>
+    oct: Callable  # (builder, 8 block ptrs) -> four <64 x u8>, grouped order
+    ymm: Callable | None  # (builder, 8 block ptrs) -> eight <32 x u8>; None: not used
+    pair: Callable | None  # (builder, 2 block ptrs) -> two <32 x i8>; None: not used
+    block_bytes: int
+    bias: int  # added to every value by the decoders (single, quad, oct, ymm)
+    max_u: int  # largest decoded byte
+    has_min: bool  # the `_1` formats (d * q + m), which multiply Q8_1 activations
+
+
+BLOCK_FORMATS = {  # GGML type code -> its BlockFormat
+    int(T.Q8_0): BlockFormat(_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, _pair_q8_0,
+                             block_bytes=34, bias=128, max_u=255, has_min=False),
+    int(T.Q4_0): BlockFormat(_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, _pair_q4_0,
+                             block_bytes=18, bias=8, max_u=15, has_min=False),
+    int(T.Q4_1): BlockFormat(_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, _pair_q4_1,
+                             block_bytes=20, bias=0, max_u=15, has_min=True),
+    int(T.Q5_0): BlockFormat(_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, _pair_q5_0,
+                             block_bytes=22, bias=16, max_u=31, has_min=False),
+    int(T.Q5_1): BlockFormat(_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, _pair_q5_1,
+                             block_bytes=24, bias=0, max_u=31, has_min=True),
 }
