@@ -31,32 +31,10 @@ from numba.core import cgutils
 
 from edgeinfer.kernels.actquant import GROUP_DWORDS
 from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.ir import concat, load, shuffle, splat, splat_value, vec
 from edgeinfer.kernels.target import CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-
-
-def vec(elem: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(elem, n)
-
-
-def splat(elem: ir.Type, n: int, value) -> ir.Constant:
-    return ir.Constant(vec(elem, n), [value] * n)
-
-
-def shuffle(builder, a, b, idx: list[int]):
-    return builder.shuffle_vector(a, b, ir.Constant(vec(_I32, len(idx)), idx))
-
-
-def load(builder, base, offset, ty: ir.Type):
-    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
-    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
-    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
-    return builder.load(ptr, align=1)
-
-
-def load_f16(builder, base, offset):
-    return half_to_f32(builder, load(builder, base, offset, _I16))
 
 
 # ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
@@ -102,13 +80,6 @@ def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
 # lo holds values 0..15 of each block in turn, hi values 16..31 (see _Tile.quad_step)
 
 
-def concat(builder, parts):
-    """Equal-width vectors end to end."""
-    while len(parts) > 1:
-        n = parts[0].type.count
-        pairs = zip(parts[::2], parts[1::2])
-        parts = [shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
-    return parts[0]
 
 
 def _quad_nibbles(builder, blks, offset):
@@ -451,10 +422,6 @@ def _pair_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
-def splat_value(builder, value, n: int):
-    """A runtime scalar in all n lanes."""
-    v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
-    return shuffle(builder, v, v, [0] * n)
 
 
 class BlockFormat(NamedTuple):
