@@ -11,8 +11,7 @@ the bsums:
     Q6_K               w = d*sc*(u - 32)         ->  d*(sum(sc*u.x) - 32*sum(sc*bsum))
     Q3_K               w = d*sc*(u - 4)          ->  d*(sum(sc*u.x) -  4*sum(sc*bsum))
 
-Speed: the loop vectorizer cannot be trusted with nibble and bit-field code (see
-docs/kernels.md), so a whole row's dot product is one Numba intrinsic that emits LLVM vector
+Speed: the loop vectorizer cannot be trusted with nibble and bit-field code, so a whole row's dot product is one Numba intrinsic that emits LLVM vector
 IR, like llama.cpp's AVX2 code: per 32 weights, load 32 bytes, mask/shift the bit fields, u8 x
 s8 pair products (`maddubs`), times the group scales by an i16 x i16 pair product (`madd`),
 int32 x 8 accumulation; per super-block, one f32 x 8 multiply-add; per row, one horizontal
@@ -270,9 +269,9 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # The weights are unpacked once per block for all TILE tokens.
 # ---------------------------------------------------------------------------------------------
 
-# Weights are read once, in order, but the hardware prefetcher alone left Q4_K decode at
-# 3.5 GB/s once the matrix outgrew the last-level cache (9.6 GB/s while it fit). Asking for
-# the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
+# Weights are read once, in order, but the hardware prefetcher alone falls well short of the
+# in-cache speed once the matrix outgrows the last-level cache; asking for the bytes
+# PREFETCH_BYTES ahead (about a row) restores it (docs/performance.md, Kernels).
 PREFETCH_BYTES = 2048
 TILE = 8  # tokens per weight-block unpack (prefill, batches)
 ROWS_PER_CHUNK = 8  # rows per chunk
@@ -471,9 +470,7 @@ def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
 def quantize_q8_k(x, xq, xd, xs, xf) -> None:  # xf unused
     """ggml's quantize_row_q8_K_ref for each token, the bsums as int32 in xs's bits (the
     kernels read them as integers); prefill batches split tokens across
-    threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill), and so do decode
-    batches from Q8_K_PARALLEL_VALUES values (8 x 640: 7.8 -> 6.3 us, 8 x 2048 29 -> 19,
-    one Zen 4 core against two; 4 x 640 4.4 -> 5.6)."""
+    threads, and so do decode batches from Q8_K_PARALLEL_VALUES values."""
     if parallel_rows(x.shape[0], x.size, Q8_K_PARALLEL_VALUES):
         _quantize_q8_k_parallel(x, xq, xd, xs)
     else:

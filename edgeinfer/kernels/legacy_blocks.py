@@ -162,8 +162,8 @@ def _oct_nibbles(builder, blks, offset):
 
 def _high_nibbles(builder, q):
     """q >> 4 per byte, as a 16-bit shift and a mask: LLVM's byte shift (vgf2p8affineqb)
-    runs on the two ports that vpdpbusd needs (Zen 5), the shift and the `and` do not.
-    8-token Q4_1 products 3-4% faster (hot weights)."""
+    competes with vpdpbusd for its ports on some cores, the shift and the `and` do not
+    (docs/performance.md, Kernels)."""
     v16 = vec(_I16, q.type.count // 2)
     shifted = builder.bitcast(builder.lshr(builder.bitcast(q, v16), splat(_I16, v16.count, 4)),
                               q.type)
@@ -190,8 +190,8 @@ def block_dwords(builder, blk0, block_bytes: int, offset: int, lanes: int = 8, m
 def block_words(builder, blk0, block_bytes: int, offset: int, n_words: int):
     """The n_words 16-bit words at `offset` of 8 consecutive blocks from blk0, block by
     block: <8 n_words x i16>, by 64-byte loads inside the 8 blocks and word permutes
-    (vpermt2w, AVX-512 BW). A gather does the same in one instruction, but AMD microcodes
-    it: with one per row and step, 8-token Q8_0 products ran 8-18% slower (hot weights).
+    (vpermt2w, AVX-512 BW). A gather does the same in one instruction, but some cores
+    microcode it, which made it slower (docs/performance.md, Kernels).
     Every block size is even, so every word sits at an even offset of some load."""
     span, n = 8 * block_bytes, 8 * n_words
     starts = [*range(0, span - 63, 64)]
