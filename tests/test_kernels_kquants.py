@@ -171,9 +171,9 @@ def test_avx2_target_without_vnni(tmp_path: Path) -> None:
     (The portable IR runs in test_kernels_f16's generic-target test.)"""
     require(AVX2_TARGET)
     env = target_env(AVX2_TARGET, tmp_path)
-    check = "from edgeinfer.kernels import kquants as k; print(k.USE_X86_AVX2, k.USE_X86_VNNI)"
+    check = "from edgeinfer.kernels.isa import ISA; print(ISA.NAME)"
     flags = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
-    assert flags.stdout.split() == ["True", "False"], flags.stderr
+    assert flags.stdout.split() == ["avx2"], flags.stderr
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
            "dequantized_reference and (1-256 or 17-2048)"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -196,7 +196,7 @@ def test_half_weights_reach_the_kernel_as_their_bytes(qtype: T) -> None:
         np.testing.assert_array_equal(out, expect)
 
 
-# The block dot product has three code paths, chosen by the CPU numba targets (legacy.DOT_PATH);
+# The block dot product has three code paths, chosen by the CPU numba targets (isa.ISA.NAME);
 # this machine runs one in-process, numba's own target variables select the others.
 OTHER_TARGETS = {  # name: (numba's target variables, the dot path the kernels then take)
     "avx2": (AVX2_TARGET, "avx2"),
@@ -211,7 +211,7 @@ def test_other_cpu_targets(target: str, tmp_path: Path) -> None:
     target_vars, dot_path = OTHER_TARGETS[target]
     require(target_vars)
     env = target_env(target_vars, tmp_path)
-    check = "from edgeinfer.kernels import legacy; print(legacy.DOT_PATH)"
+    check = "from edgeinfer.kernels.isa import ISA; print(ISA.NAME)"
     path = subprocess.run(
         [sys.executable, "-c", check], check=False, env=env, capture_output=True, text=True
     )

@@ -42,14 +42,14 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 # as the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it loads them
 # as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8] (values 4m..4m+3)
 # of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles give, two registers from
-# the same 32 bytes of 8 blocks (legacy._oct_nibbles). AVX2 reads each as two 32-byte registers,
+# the same 32 bytes of 8 blocks (legacy_blocks' oct decoders). AVX2 reads each as two 32-byte registers,
 # lane l of each holding block l. Blocks past the last whole group keep the natural order (on AVX2,
 # pairs of them: PAIRS). `natural_order` undoes it. Grouped Q8_0 activations also carry, per group,
 # minus the sum of each of its SUM_LANES register lanes (int32 in xs's bits): the weights' bias
 # correction (legacy: u = value + bias, so dot = sum(u * x) - bias * sum(x)), taken once per input
 # instead of once per tile of rows; on AVX2 lane l's sum is block l's. On AVX2 the layers' Q8_0
 # activations stay in natural order: Q8_0, Q4_0 and Q5_0 keep llama.cpp's own block-by-block order
-# there, and so its exact results (legacy.YMM_STEPS); only their output-head kernels take the
+# there, and so its exact results (isa.avx2.YMM_STEPS); only their output-head kernels take the
 # 8-block step.
 GROUP = 8 if AVX512_VNNI or DOT_PATH == "avx2" else 0
 # AVX2: the blocks past the last whole group, two at a time, in pair order (legacy's pair

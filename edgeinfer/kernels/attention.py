@@ -3,7 +3,7 @@
 One kernel serves prefill (many tokens of one sequence) and batched decode (one token of each
 of several sequences): every query row carries its own cache slot and absolute position, and
 attends to cache cells [lo, pos] of that slot, where lo = pos - window + 1 on sliding-window
-layers (shared/docs/architectures.md §1.3, "Mask").
+layers (llama.cpp's causal mask with `n_swa`).
 
 Work is split into items: a tile of consecutive same-slot tokens x one KV head. The tile's
 rows are its tokens x the query heads of that KV group, so each K and V row is converted from
@@ -54,10 +54,9 @@ SEGMENT_KEYS = 512  # a multiple of KEY_BLOCK
 SPLIT_MIN_KEYS = SEGMENT_KEYS  # a decode row's keys are split in ranges at least this long
 SERIAL_MACS = 1 << 18  # calls with less work (q.k + p.v multiply-adds) run on one thread
 # A layer's KV rows are cold at each step (the weights streamed through the caches since), and
-# one KV head's rows are strided, which the hardware prefetcher follows poorly: 8-sequence
-# decode attention took 1.4-1.8x as long without. The K pass asks for K and V rows this far
-# ahead, so the V pass finds them in cache. (Prefetching again in the V pass, for rows so long
-# that their values leave the cache before the pass, cost a quarter more at 150 keys.)
+# one KV head's rows are strided, which the hardware prefetcher follows poorly. The K pass asks
+# for K and V rows this far ahead, so the V pass finds them in cache (prefetching again in the
+# V pass cost more; docs/performance.md, Kernels).
 PREFETCH_KEYS = 8
 
 
@@ -207,8 +206,7 @@ def _prefetch_kv(k_cache, v_cache, s, j, kvh, end):
 def _as_c(typingctx, arr):
     """arr, typed C-contiguous (the same data model). Only for a view that is contiguous in
     fact: the cache is typed any-layout (model.KVCache stores it head by head), and loops
-    over it in that type index with runtime strides, which LLVM does not vectorize (prefill
-    0.84x on Zen 5 when the head-major cache came in, all of it in _convert_rows)."""
+    over it in that type index with runtime strides, which LLVM does not vectorize."""
     if not isinstance(arr, types.Array):
         return None
 
@@ -502,7 +500,7 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
 @njit(cache=True, nogil=True)
 def _plan(positions, window, n_head, n_kv, hd, tile):
     """How a call splits: (parallel, tokens per work item, work items, longest key range).
-    Below ~10 us of work (q.k and p.v multiply-adds), waking the other threads costs more
+    Below SERIAL_MACS multiply-adds (q.k and p.v), waking the other threads costs more
     than it saves. In parallel, small batches get smaller tiles so every thread has work."""
     n = positions.shape[0]
     # numba.get_num_threads() inside a kernel goes through a ctypes pointer, which stops

@@ -7,7 +7,7 @@ raw scores and shrinks its tiles past SCORE_BUDGET). Tiles, key blocks, work ite
 key split of lone long decode rows are `attention.py`'s, and so are its 4 x 4 blocks.
 
 Numerics are llama.cpp's flash-attention path (`ggml_compute_forward_flash_attn_ext_f16`),
-which its tools use by default on a CPU (`-fa auto`; shared/docs/architectures.md §1.4). As
+which its tools use by default on a CPU (`-fa auto`). As
 there, they depend on how many query tokens the call has:
 
 - at least FA_TILE_Q (prefill; its "tiled" path): Q stays f32; per block of keys, scores

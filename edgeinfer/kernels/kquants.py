@@ -11,8 +11,7 @@ the bsums:
     Q6_K               w = d*sc*(u - 32)         ->  d*(sum(sc*u.x) - 32*sum(sc*bsum))
     Q3_K               w = d*sc*(u - 4)          ->  d*(sum(sc*u.x) -  4*sum(sc*bsum))
 
-Speed: the loop vectorizer cannot be trusted with nibble and bit-field code (see
-docs/kernels.md), so a whole row's dot product is one Numba intrinsic that emits LLVM vector
+Speed: the loop vectorizer cannot be trusted with nibble and bit-field code, so a whole row's dot product is one Numba intrinsic that emits LLVM vector
 IR, like llama.cpp's AVX2 code: per 32 weights, load 32 bytes, mask/shift the bit fields, u8 x
 s8 pair products (`maddubs`), times the group scales by an i16 x i16 pair product (`madd`),
 int32 x 8 accumulation; per super-block, one f32 x 8 multiply-add; per row, one horizontal
@@ -37,148 +36,74 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.ir import (
+    Array2D,
+    from_scalars,
+    load,
+    load_f16,
+    permute,
+    prefetch,
+    splat,
+    splat_value,
+    tree_sum,
+    vec,
+)
+from edgeinfer.kernels.isa import ISA
 from edgeinfer.kernels.ops import parallel_rows
 from edgeinfer.kernels.registry import ActFormat, register
 from edgeinfer.kernels.schedule import chunk_counters, n_workers, next_chunk
-from edgeinfer.kernels.target import CPU_FEATURES
 
 QK_K = 256
-
-# ---------------------------------------------------------------------------------------------
-# Target choice, made once here. On x86 with AVX2 the two pair-product steps call LLVM's x86
-# intrinsics (vpmaddubsw, vpmaddwd): LLVM does not pattern-match u8 x s8 -> i16 pair sums from
-# portable IR (checked with LLVM 20), and that instruction is what llama.cpp's kernels are
-# built on. Elsewhere (ARM, old x86) the same kernels use portable IR that LLVM lowers to
-# whatever the target has. Numba's cache key includes the target CPU and features.
-# ---------------------------------------------------------------------------------------------
-
-
-USE_X86_AVX2 = "avx2" in CPU_FEATURES
-# vpdpwssd (AVX512-VNNI on 256-bit registers, or AVX-VNNI): i16 pair products added into i32
-USE_X86_VNNI = USE_X86_AVX2 and ("avxvnni" in CPU_FEATURES
-                                 or {"avx512vnni", "avx512vl"} <= CPU_FEATURES)
-# 512-bit registers (AVX512BW + VNNI): two 32-value chunks per vpmaddubsw / vpdpwssd
-USE_X86_VNNI_512 = USE_X86_VNNI and {"avx512bw", "avx512vnni"} <= CPU_FEATURES
-
-# ---------------------------------------------------------------------------------------------
-# LLVM IR building blocks
-# ---------------------------------------------------------------------------------------------
 
 _i8, _i16, _i32, _f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.FloatType()
 _i8p = _i8.as_pointer()
 
-
-def _vec(elt: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(elt, n)
-
-
-def _splat_const(elt: ir.Type, n: int, value: int) -> ir.Constant:
-    return ir.Constant(_vec(elt, n), [value] * n)
-
-
-def _shuffle(b: ir.IRBuilder, v: ir.Value, lanes: list[int]) -> ir.Value:
-    mask = ir.Constant(_vec(_i32, len(lanes)), lanes)
-    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
-
-
-def _load(b: ir.IRBuilder, base: ir.Value, offset: int, elt: ir.Type, n: int) -> ir.Value:
-    """Unaligned load of an <n x elt> vector (or a scalar when n == 0) at base + offset bytes."""
-    ty = elt if n == 0 else _vec(elt, n)
-    ptr = b.bitcast(b.gep(base, [ir.Constant(_i32, offset)]), ty.as_pointer())
-    return b.load(ptr, align=1)
-
-
-def _load_f16(b: ir.IRBuilder, base: ir.Value, offset: int) -> ir.Value:
-    return half_to_f32(b, _load(b, base, offset, _i16, 0))
-
-
-def _call(b: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
-    fnty = ir.FunctionType(ret, [a.type for a in args])
-    return b.call(cgutils.get_or_insert_function(b.module, fnty, name), args)
+# ---------------------------------------------------------------------------------------------
+# LLVM IR building blocks (the shared ones are in ir.py, the integer products in isa/)
+# ---------------------------------------------------------------------------------------------
 
 
 def _bits(b: ir.IRBuilder, v: ir.Value, shift: int, mask: int) -> ir.Value:
     """(v >> shift) & mask on a byte vector."""
     n = v.type.count
     if shift:
-        v = b.lshr(v, _splat_const(_i8, n, shift))
-    return b.and_(v, _splat_const(_i8, n, mask))
-
-
-def _maddubs(b: ir.IRBuilder, u: ir.Value, x: ir.Value) -> ir.Value:
-    """<32 x u8> * <32 x s8> -> <16 x i16> sums of adjacent products. Callers keep u <= 63,
-    so the sums (<= 2*63*127) never reach vpmaddubsw's saturation and both paths agree."""
-    if USE_X86_AVX2:
-        return _call(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(_i16, 16), [u, x])
-    p = b.mul(b.zext(u, _vec(_i16, 32)), b.sext(x, _vec(_i16, 32)))
-    return b.add(_shuffle(b, p, list(range(0, 32, 2))), _shuffle(b, p, list(range(1, 32, 2))))
-
-
-def _madd(b: ir.IRBuilder, p: ir.Value, s: ir.Value) -> ir.Value:
-    """<16 x i16> * <16 x i16> -> <8 x i32> sums of adjacent products (vpmaddwd)."""
-    if USE_X86_AVX2:
-        return _call(b, "llvm.x86.avx2.pmadd.wd", _vec(_i32, 8), [p, s])
-    q = b.mul(b.sext(p, _vec(_i32, 16)), b.sext(s, _vec(_i32, 16)))
-    return b.add(_shuffle(b, q, list(range(0, 16, 2))), _shuffle(b, q, list(range(1, 16, 2))))
+        v = b.lshr(v, splat(_i8, n, shift))
+    return b.and_(v, splat(_i8, n, mask))
 
 
 def _scaled_dot(
     b: ir.IRBuilder, u: ir.Value, xp: ir.Value, xoff: int, scales: ir.Value, acc
 ) -> ir.Value:
     """acc + sum over 32 values of scale * u * x, as <8 x i32>; scales is <16 x i16> (one per
-    pair). With VNNI the pair product and the add are one vpdpwssd."""
-    pairs = _maddubs(b, u, _load(b, xp, xoff, _i8, 32))
-    if USE_X86_VNNI and acc is not None:
-        v8 = _vec(_i32, 8)
-        name = "llvm.x86.avx512.vpdpwssd.256"
-        return _call(b, name, v8, [acc, b.bitcast(pairs, v8), b.bitcast(scales, v8)])
-    part = _madd(b, pairs, scales)
-    return part if acc is None else b.add(acc, part)
+    pair); acc None: the sum alone."""
+    pairs = ISA.u8s8_pairs(b, u, load(b, xp, xoff, vec(_i8, 32)))
+    return ISA.i16_pairs_add(b, acc, pairs, scales)
 
 
 def _scales16_per_16(b: ir.IRBuilder, sc16: ir.Value, k: int) -> ir.Value:
     """Scale vector for chunk k of 32 values grouped by 16: pairs 0-7 use group 2k, 8-15 2k+1."""
-    return _shuffle(b, sc16, [2 * k] * 8 + [2 * k + 1] * 8)
+    return permute(b, sc16, [2 * k] * 8 + [2 * k + 1] * 8)
 
 
 def _bsum_dot(b: ir.IRBuilder, sp: ir.Value, coef: ir.Value) -> ir.Value:
     """coef[g] * bsum[g] over the 16 groups of 16, summed in pairs to <8 x i32>: one
     vpmaddwd. The bsums are int32 (|bsum| <= 16 * 127, so their low halves are exact i16);
     coef is <16 x i16>: a scale per group, or a sub-block's value twice."""
-    bsums = b.trunc(_load(b, sp, 0, _i32, 16), _vec(_i16, 16))
-    return _madd(b, bsums, coef)
+    bsums = b.trunc(load(b, sp, 0, vec(_i32, 16)), vec(_i16, 16))
+    return ISA.i16_pairs(b, bsums, coef)
 
 
-def _splat(b: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
-    one = b.insert_element(ir.Constant(_vec(v.type, 1), ir.Undefined), v, ir.Constant(_i32, 0))
-    return _shuffle(b, one, [0] * n)
 
 
 def _scale_f32x8(b: ir.IRBuilder, isum: ir.Value, scale: ir.Value) -> ir.Value:
     """<8 x i32> -> <8 x f32> times a scalar f32."""
-    return b.fmul(b.sitofp(isum, _vec(_f32, 8)), _splat(b, scale, 8))
+    return b.fmul(b.sitofp(isum, vec(_f32, 8)), splat_value(b, scale, 8))
 
 
-def _hsum_f32(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """Tree sum of an <8 x f32>, once per row and token."""
-    while v.type.count > 1:
-        half = v.type.count // 2
-        v = b.fadd(_shuffle(b, v, list(range(half))), _shuffle(b, v, list(range(half, 2 * half))))
-    return b.extract_element(v, ir.Constant(_i32, 0))
 
 
-def _shuffle2(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
-    """Concatenation of two vectors of the same type."""
-    n = lo.type.count
-    return b.shuffle_vector(lo, hi, ir.Constant(_vec(_i32, 2 * n), list(range(2 * n))))
 
 
-def _i32_vector(b: ir.IRBuilder, words: list[ir.Value]) -> ir.Value:
-    v = ir.Constant(_vec(_i32, len(words)), ir.Undefined)
-    for i, word in enumerate(words):
-        v = b.insert_element(v, word, ir.Constant(_i32, i))
-    return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,15 +126,15 @@ def _k4_scales_mins(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
     unpacking on the three little-endian words u0, u1, u2, done on one 4-word vector (the
     16-byte load reads 4 bytes of the quants that follow, unused):
     [u0 & k1, u2 & k2 | (u0 >> 6 & k3) << 4, u1 & k1, u2 >> 4 & k2 | (u1 >> 6 & k3) << 4]."""
-    u = _load(b, wp, offset, _i32, 4)  # u0, u1, u2, (quants)
+    u = load(b, wp, offset, vec(_i32, 4))  # u0, u1, u2, (quants)
     k1, k2, k3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
 
     def words(*values):
-        return ir.Constant(_vec(_i32, 4), list(values))
+        return ir.Constant(vec(_i32, 4), list(values))
 
-    low = b.and_(b.lshr(_shuffle(b, u, [0, 2, 1, 2]), words(0, 0, 0, 4)), words(k1, k2, k1, k2))
-    top = b.and_(b.lshr(_shuffle(b, u, [0, 0, 1, 1]), words(6, 6, 6, 6)), words(0, k3, 0, k3))
-    return b.bitcast(b.or_(low, b.shl(top, words(4, 4, 4, 4))), _vec(_i8, 16))
+    low = b.and_(b.lshr(permute(b, u, [0, 2, 1, 2]), words(0, 0, 0, 4)), words(k1, k2, k1, k2))
+    top = b.and_(b.lshr(permute(b, u, [0, 0, 1, 1]), words(6, 6, 6, 6)), words(0, k3, 0, k3))
+    return b.bitcast(b.or_(low, b.shl(top, words(4, 4, 4, 4))), vec(_i8, 16))
 
 
 def _nibble_chunks(b: ir.IRBuilder, wp: ir.Value, offset: int) -> tuple[ir.Value, ir.Value]:
@@ -217,11 +142,11 @@ def _nibble_chunks(b: ir.IRBuilder, wp: ir.Value, offset: int) -> tuple[ir.Value
     64-byte vector (the bytes twice, the upper copy shifted right by 4 in 16-bit lanes, then
     masked), which the 512-bit path pairs back whole: a broadcast, a variable shift and an
     and, instead of two masks, a shift and a lane insert."""
-    q = _load(b, wp, offset, _i8, 32)
-    both = b.bitcast(_shuffle(b, q, list(range(32)) * 2), _vec(_i16, 32))
-    both = b.lshr(both, ir.Constant(_vec(_i16, 32), [0] * 16 + [4] * 16))
-    v = b.and_(b.bitcast(both, _vec(_i8, 64)), _splat_const(_i8, 64, 0x0F))
-    return _shuffle(b, v, list(range(32))), _shuffle(b, v, list(range(32, 64)))
+    q = load(b, wp, offset, vec(_i8, 32))
+    both = b.bitcast(permute(b, q, list(range(32)) * 2), vec(_i16, 32))
+    both = b.lshr(both, ir.Constant(vec(_i16, 32), [0] * 16 + [4] * 16))
+    v = b.and_(b.bitcast(both, vec(_i8, 64)), splat(_i8, 64, 0x0F))
+    return permute(b, v, list(range(32))), permute(b, v, list(range(32, 64)))
 
 
 def _with_mins(wp: ir.Value, d_off: int, dmin_off: int, mins: ir.Value):
@@ -229,7 +154,7 @@ def _with_mins(wp: ir.Value, d_off: int, dmin_off: int, mins: ir.Value):
     is <16 x i16>, one per group of 16."""
 
     def finish(b, acc, sp, dx):
-        d, dmin = _load_f16(b, wp, d_off), _load_f16(b, wp, dmin_off)
+        d, dmin = load_f16(b, wp, d_off), load_f16(b, wp, dmin_off)
         imin = _bsum_dot(b, sp, mins)
         main = _scale_f32x8(b, acc, b.fmul(dx, d))
         return b.fsub(main, _scale_f32x8(b, imin, b.fmul(dx, dmin)))
@@ -243,8 +168,8 @@ def _with_offset(wp: ir.Value, d_off: int, sc16: ir.Value, offset_log2: int):
 
     def finish(b, acc, sp, dx):
         corr = _bsum_dot(b, sp, sc16)
-        isum = b.sub(acc, b.shl(corr, _splat_const(_i32, 8, offset_log2)))
-        return _scale_f32x8(b, isum, b.fmul(dx, _load_f16(b, wp, d_off)))
+        isum = b.sub(acc, b.shl(corr, splat(_i32, 8, offset_log2)))
+        return _scale_f32x8(b, isum, b.fmul(dx, load_f16(b, wp, d_off)))
 
     return finish
 
@@ -253,12 +178,12 @@ def _unpack_q4_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     # d f16 | dmin f16 | scales[12] | qs[128]; per 32 bytes, low nibbles are sub-block 2c and
     # high nibbles sub-block 2c+1.
     scales_mins = _k4_scales_mins(b, wp, 4)
-    sc16 = b.zext(scales_mins, _vec(_i16, 16))
+    sc16 = b.zext(scales_mins, vec(_i16, 16))
     chunks = []
     for j in range(0, 8, 2):
         u_lo, u_hi = _nibble_chunks(b, wp, 16 + 16 * j)
-        chunks += [(u_lo, _shuffle(b, sc16, [j] * 16)), (u_hi, _shuffle(b, sc16, [j + 1] * 16))]
-    mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
+        chunks += [(u_lo, permute(b, sc16, [j] * 16)), (u_hi, permute(b, sc16, [j + 1] * 16))]
+    mins = b.zext(permute(b, scales_mins, [8 + j // 2 for j in range(16)]), vec(_i16, 16))
     return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
 
@@ -266,28 +191,28 @@ def _unpack_q5_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     # d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; as Q4_K, plus bit j of qh[l] as the
     # fifth bit of value l of sub-block j.
     scales_mins = _k4_scales_mins(b, wp, 4)
-    sc16 = b.zext(scales_mins, _vec(_i16, 16))
-    qh = _load(b, wp, 16, _i8, 32)
+    sc16 = b.zext(scales_mins, vec(_i16, 16))
+    qh = load(b, wp, 16, vec(_i8, 32))
     chunks = []
     for j in range(0, 8, 2):
         for k, low in enumerate(_nibble_chunks(b, wp, 48 + 16 * j)):
-            high = b.shl(_bits(b, qh, j + k, 1), _splat_const(_i8, 32, 4))
-            chunks.append((b.or_(low, high), _shuffle(b, sc16, [j + k] * 16)))
-    mins = b.zext(_shuffle(b, scales_mins, [8 + j // 2 for j in range(16)]), _vec(_i16, 16))
+            high = b.shl(_bits(b, qh, j + k, 1), splat(_i8, 32, 4))
+            chunks.append((b.or_(low, high), permute(b, sc16, [j + k] * 16)))
+    mins = b.zext(permute(b, scales_mins, [8 + j // 2 for j in range(16)]), vec(_i16, 16))
     return Unpacked(chunks, _with_mins(wp, 0, 2, mins))
 
 
 def _unpack_q6_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     # ql[128] | qh[64] | scales[16] i8 | d f16. Chunk k (half h = k//4, s = k%4): low 4 bits
     # from ql[64h + 32(s%2) + l] >> 4(s//2), high 2 bits from qh[32h + l] >> 2s; value u - 32.
-    sc8 = _load(b, wp, 192, _i8, 16)
-    sc16 = b.sext(sc8, _vec(_i16, 16))
+    sc8 = load(b, wp, 192, vec(_i8, 16))
+    sc16 = b.sext(sc8, vec(_i16, 16))
     chunks = []
     for k in range(8):
         h, s = divmod(k, 4)
-        low = _bits(b, _load(b, wp, 64 * h + 32 * (s % 2), _i8, 32), 4 * (s // 2), 0x0F)
-        high = _bits(b, _load(b, wp, 128 + 32 * h, _i8, 32), 2 * s, 0x03)
-        u = b.or_(low, b.shl(high, _splat_const(_i8, 32, 4)))
+        low = _bits(b, load(b, wp, 64 * h + 32 * (s % 2), vec(_i8, 32)), 4 * (s // 2), 0x0F)
+        high = _bits(b, load(b, wp, 128 + 32 * h, vec(_i8, 32)), 2 * s, 0x03)
+        u = b.or_(low, b.shl(high, splat(_i8, 32, 4)))
         chunks.append((u, _scales16_per_16(b, sc16, k)))
     return Unpacked(chunks, _with_offset(wp, 208, sc16, 5))
 
@@ -295,7 +220,7 @@ def _unpack_q6_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 def _q3_k_scales(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
     """Q3_K 12-byte 6-bit scales -> <16 x i8> signed (value - 32), llama.cpp's kmask unpacking:
     low 4 bits from bytes 0-7 (low then high nibbles), high 2 bits from bytes 8-11."""
-    u0, u1, u2 = (_load(b, wp, offset + 4 * i, _i32, 0) for i in range(3))
+    u0, u1, u2 = (load(b, wp, offset + 4 * i, _i32) for i in range(3))
     k1, k2 = ir.Constant(_i32, 0x03030303), ir.Constant(_i32, 0x0F0F0F0F)
 
     def sh(v, n):
@@ -305,21 +230,21 @@ def _q3_k_scales(b: ir.IRBuilder, wp: ir.Value, offset: int) -> ir.Value:
         return b.or_(b.and_(low, k2), b.shl(b.and_(sh(u2, hshift), k1), ir.Constant(_i32, 4)))
 
     words = [word(u0, 0), word(u1, 2), word(sh(u0, 4), 4), word(sh(u1, 4), 6)]
-    sc = b.bitcast(_i32_vector(b, words), _vec(_i8, 16))
-    return b.sub(sc, _splat_const(_i8, 16, 32))
+    sc = b.bitcast(from_scalars(b, words), vec(_i8, 16))
+    return b.sub(sc, splat(_i8, 16, 32))
 
 
 def _unpack_q3_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     # hmask[32] | qs[64] | scales[12] | d f16. Chunk k (h = k//4, s = k%4): 2 low bits from
     # qs[32h + l] >> 2s, third bit = bit k of hmask[l]; value u - 4.
     sc8 = _q3_k_scales(b, wp, 96)
-    sc16 = b.sext(sc8, _vec(_i16, 16))
-    hmask = _load(b, wp, 0, _i8, 32)
+    sc16 = b.sext(sc8, vec(_i16, 16))
+    hmask = load(b, wp, 0, vec(_i8, 32))
     chunks = []
     for k in range(8):
         h, s = divmod(k, 4)
-        low = _bits(b, _load(b, wp, 32 + 32 * h, _i8, 32), 2 * s, 0x03)
-        u = b.or_(low, b.shl(_bits(b, hmask, k, 1), _splat_const(_i8, 32, 2)))
+        low = _bits(b, load(b, wp, 32 + 32 * h, vec(_i8, 32)), 2 * s, 0x03)
+        u = b.or_(low, b.shl(_bits(b, hmask, k, 1), splat(_i8, 32, 2)))
         chunks.append((u, _scales16_per_16(b, sc16, k)))
     return Unpacked(chunks, _with_offset(wp, 108, sc16, 2))
 
@@ -327,14 +252,14 @@ def _unpack_q3_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
     # scales[16] (low nibble scale, high nibble min) | qs[64] | d f16 | dmin f16.
     # Chunk k (h = k//4, s = k%4): value = qs[32h + l] >> 2s & 3.
-    packed = _load(b, wp, 0, _i8, 16)
-    sc16 = b.zext(_bits(b, packed, 0, 0x0F), _vec(_i16, 16))
+    packed = load(b, wp, 0, vec(_i8, 16))
+    sc16 = b.zext(_bits(b, packed, 0, 0x0F), vec(_i16, 16))
     chunks = []
     for k in range(8):
         h, s = divmod(k, 4)
-        u = _bits(b, _load(b, wp, 16 + 32 * h, _i8, 32), 2 * s, 0x03)
+        u = _bits(b, load(b, wp, 16 + 32 * h, vec(_i8, 32)), 2 * s, 0x03)
         chunks.append((u, _scales16_per_16(b, sc16, k)))
-    mins = b.zext(_bits(b, packed, 4, 0x0F), _vec(_i16, 16))
+    mins = b.zext(_bits(b, packed, 4, 0x0F), vec(_i16, 16))
     return Unpacked(chunks, _with_mins(wp, 80, 82, mins))
 
 
@@ -344,9 +269,9 @@ def _unpack_q2_k(b: ir.IRBuilder, wp: ir.Value) -> Unpacked:
 # The weights are unpacked once per block for all TILE tokens.
 # ---------------------------------------------------------------------------------------------
 
-# Weights are read once, in order, but the hardware prefetcher alone left Q4_K decode at
-# 3.5 GB/s once the matrix outgrew the last-level cache (9.6 GB/s while it fit). Asking for
-# the bytes PREFETCH_BYTES ahead (about a row) restores the in-cache speed.
+# Weights are read once, in order, but the hardware prefetcher alone falls well short of the
+# in-cache speed once the matrix outgrows the last-level cache; asking for the bytes
+# PREFETCH_BYTES ahead (about a row) restores it (docs/performance.md, Kernels).
 PREFETCH_BYTES = 2048
 TILE = 8  # tokens per weight-block unpack (prefill, batches)
 ROWS_PER_CHUNK = 8  # rows per chunk
@@ -357,26 +282,7 @@ _UNPACKERS: dict[int, tuple[Callable[[ir.IRBuilder, ir.Value], Unpacked], int]] 
 
 def _prefetch(b: ir.IRBuilder, wp: ir.Value, block_bytes: int) -> None:
     for line in range(0, block_bytes, 64):
-        ptr = b.gep(wp, [ir.Constant(_i32, PREFETCH_BYTES + line)])
-        read, keep, data = (ir.Constant(_i32, v) for v in (0, 3, 1))
-        _call(b, "llvm.prefetch.p0", ir.VoidType(), [ptr, read, keep, data])
-
-
-class _Rows:
-    """Byte pointers into the rows of a C-contiguous 2-D array argument of an intrinsic."""
-
-    def __init__(self, context, builder: ir.IRBuilder, aryty, value):
-        a = context.make_array(aryty)(context, builder, value)
-        self.b = builder
-        self.data = builder.bitcast(a.data, _i8p)
-        self.n_cols = cgutils.unpack_tuple(builder, a.shape, 2)[1]
-        self.stride = cgutils.unpack_tuple(builder, a.strides, 2)[0]
-
-    def block(self, row: ir.Value, blk: ir.Value, block_bytes: int) -> ir.Value:
-        """i8* to the blk-th block of `block_bytes` bytes in row `row`."""
-        b = self.b
-        offset = b.add(b.mul(row, self.stride), b.mul(blk, ir.Constant(blk.type, block_bytes)))
-        return b.gep(self.data, [offset])
+        prefetch(b, b.gep(wp, [ir.Constant(_i32, PREFETCH_BYTES + line)]), locality=3)
 
 
 def _literal_int(ty) -> int:
@@ -385,26 +291,16 @@ def _literal_int(ty) -> int:
     return ty.literal_value
 
 
-def _accumulate_block(b, unpacked: Unpacked, xq: _Rows, xd: _Rows, xs: _Rows, toks, blk, accs):
+def _accumulate_block(b, unpacked: Unpacked, xq: Array2D, xd: Array2D, xs: Array2D, toks, blk,
+                      accs):
     """accs[t] (<8 x f32>* ) += this weight block against token toks[t]'s block blk."""
     for tok, acc_ptr in zip(toks, accs):
         xp, sp = xq.block(tok, blk, QK_K), xs.block(tok, blk, 64)
         dx = b.load(b.bitcast(xd.block(tok, blk, 4), _f32.as_pointer()))
-        isum = None
-        if USE_X86_VNNI_512:  # two chunks per zmm instruction, then the halves added
-            for k in range(0, len(unpacked.chunks), 2):
-                (u0, s0), (u1, s1) = unpacked.chunks[k : k + 2]
-                u = _shuffle2(b, u0, u1)
-                x = _load(b, xp, 32 * k, _i8, 64)
-                pairs = _call(b, "llvm.x86.avx512.pmaddubs.w.512", _vec(_i16, 32), [u, x])
-                v16 = _vec(_i32, 16)
-                acc = ir.Constant(v16, [0] * 16) if isum is None else isum
-                scales = b.bitcast(_shuffle2(b, s0, s1), v16)
-                isum = _call(
-                    b, "llvm.x86.avx512.vpdpwssd.512", v16, [acc, b.bitcast(pairs, v16), scales]
-                )
-            isum = b.add(_shuffle(b, isum, list(range(8))), _shuffle(b, isum, list(range(8, 16))))
+        if ISA.superblock_sums_zmm is not None:  # two chunks per 512-bit instruction
+            isum = ISA.superblock_sums_zmm(b, unpacked.chunks, xp)
         else:
+            isum = None
             for k, (u, scales) in enumerate(unpacked.chunks):
                 isum = _scaled_dot(b, u, xp, 32 * k, scales, isum)
         b.store(b.fadd(b.load(acc_ptr), unpacked.finish(b, isum, sp, dx)), acc_ptr)
@@ -424,9 +320,9 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
 
     def codegen(context, builder, sig, args):
         row, tok = args[3], args[7]
-        w, xq, xd, xs = (_Rows(context, builder, sig.args[i], args[i]) for i in (2, 4, 5, 6))
+        w, xq, xd, xs = (Array2D(context, builder, sig.args[i], args[i]) for i in (2, 4, 5, 6))
         toks = [builder.add(tok, ir.Constant(tok.type, t)) for t in range(n_tile)]
-        zero = ir.Constant(_vec(_f32, 8), [0.0] * 8)
+        zero = ir.Constant(vec(_f32, 8), [0.0] * 8)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_tile)]
         # the weight row fixes n_in: activation buffers may be wider (shared scratch space)
         n_blk = builder.udiv(w.n_cols, ir.Constant(tok.type, block_bytes))
@@ -435,7 +331,7 @@ def _row_dot(typingctx, qtype, tile, w, row, xq, xd, xs, tok):
             _prefetch(builder, wp, block_bytes)
             unpacked = unpack(builder, wp)  # once for all the tile's tokens
             _accumulate_block(builder, unpacked, xq, xd, xs, toks, loop.index, accs)
-        values = [_hsum_f32(builder, builder.load(acc_ptr)) for acc_ptr in accs]
+        values = [tree_sum(builder, builder.load(acc_ptr)) for acc_ptr in accs]
         return context.make_tuple(builder, ret, values)
 
     return sig, codegen
@@ -574,9 +470,7 @@ def _quantize_q8_k_parallel(x, xq, xd, xs) -> None:
 def quantize_q8_k(x, xq, xd, xs, xf) -> None:  # xf unused
     """ggml's quantize_row_q8_K_ref for each token, the bsums as int32 in xs's bits (the
     kernels read them as integers); prefill batches split tokens across
-    threads (2.8 ms per 512 x 2048 serially: 7% of a gemma-3 prefill), and so do decode
-    batches from Q8_K_PARALLEL_VALUES values (8 x 640: 7.8 -> 6.3 us, 8 x 2048 29 -> 19,
-    one Zen 4 core against two; 4 x 640 4.4 -> 5.6)."""
+    threads, and so do decode batches from Q8_K_PARALLEL_VALUES values."""
     if parallel_rows(x.shape[0], x.size, Q8_K_PARALLEL_VALUES):
         _quantize_q8_k_parallel(x, xq, xd, xs)
     else:

@@ -22,38 +22,19 @@ j is the 5th bit of value j.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba.core import cgutils
 
 from edgeinfer.kernels.actquant import GROUP_DWORDS
 from edgeinfer.kernels.f16 import half_to_f32
+from edgeinfer.kernels.ir import concat, load, shuffle, splat, splat_value, vec
 from edgeinfer.kernels.target import CPU_FEATURES
 
 _I1, _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-
-
-def vec(elem: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(elem, n)
-
-
-def splat(elem: ir.Type, n: int, value) -> ir.Constant:
-    return ir.Constant(vec(elem, n), [value] * n)
-
-
-def shuffle(builder, a, b, idx: list[int]):
-    return builder.shuffle_vector(a, b, ir.Constant(vec(_I32, len(idx)), idx))
-
-
-def load(builder, base, offset, ty: ir.Type):
-    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
-    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
-    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
-    return builder.load(ptr, align=1)
-
-
-def load_f16(builder, base, offset):
-    return half_to_f32(builder, load(builder, base, offset, _I16))
 
 
 # ---- weight block decoders: (builder, block ptr) -> <32 x u8> = weight value + BIAS[format]
@@ -99,13 +80,6 @@ def _decode_q5_1(builder, blk):  # d f16 | m f16 | qh u32 | qs u8[16]
 # lo holds values 0..15 of each block in turn, hi values 16..31 (see _Tile.quad_step)
 
 
-def concat(builder, parts):
-    """Equal-width vectors end to end."""
-    while len(parts) > 1:
-        n = parts[0].type.count
-        pairs = zip(parts[::2], parts[1::2])
-        parts = [shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
-    return parts[0]
 
 
 def _quad_nibbles(builder, blks, offset):
@@ -188,8 +162,8 @@ def _oct_nibbles(builder, blks, offset):
 
 def _high_nibbles(builder, q):
     """q >> 4 per byte, as a 16-bit shift and a mask: LLVM's byte shift (vgf2p8affineqb)
-    runs on the two ports that vpdpbusd needs (Zen 5), the shift and the `and` do not.
-    8-token Q4_1 products 3-4% faster (hot weights)."""
+    competes with vpdpbusd for its ports on some cores, the shift and the `and` do not
+    (docs/performance.md, Kernels)."""
     v16 = vec(_I16, q.type.count // 2)
     shifted = builder.bitcast(builder.lshr(builder.bitcast(q, v16), splat(_I16, v16.count, 4)),
                               q.type)
@@ -216,8 +190,8 @@ def block_dwords(builder, blk0, block_bytes: int, offset: int, lanes: int = 8, m
 def block_words(builder, blk0, block_bytes: int, offset: int, n_words: int):
     """The n_words 16-bit words at `offset` of 8 consecutive blocks from blk0, block by
     block: <8 n_words x i16>, by 64-byte loads inside the 8 blocks and word permutes
-    (vpermt2w, AVX-512 BW). A gather does the same in one instruction, but AMD microcodes
-    it: with one per row and step, 8-token Q8_0 products ran 8-18% slower (hot weights).
+    (vpermt2w, AVX-512 BW). A gather does the same in one instruction, but some cores
+    microcode it, which made it slower (docs/performance.md, Kernels).
     Every block size is even, so every word sits at an even offset of some load."""
     span, n = 8 * block_bytes, 8 * n_words
     starts = [*range(0, span - 63, 64)]
@@ -448,20 +422,31 @@ def _pair_q5_1(builder, blks):
     return [builder.or_(a, b) for a, b in zip(nib, hb)]
 
 
-def splat_value(builder, value, n: int):
-    """A runtime scalar in all n lanes."""
-    v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
-    return shuffle(builder, v, v, [0] * n)
 
 
-# GGML type code -> (decoder, quad decoder, oct decoder, AVX2 oct decoder, AVX2 pair decoder,
-# block bytes, bias added by the decoders, largest decoded byte, has a minimum: the `_1`
-# formats, which multiply Q8_1 activations)
-BLOCK_FORMATS = {
-    int(T.Q8_0): (_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, _pair_q8_0, 34, 128, 255,
-                  False),
-    int(T.Q4_0): (_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, _pair_q4_0, 18, 8, 15, False),
-    int(T.Q4_1): (_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, _pair_q4_1, 20, 0, 15, True),
-    int(T.Q5_0): (_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, _pair_q5_0, 22, 16, 31, False),
-    int(T.Q5_1): (_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, _pair_q5_1, 24, 0, 31, True),
+class BlockFormat(NamedTuple):
+    """One legacy type's block decoders (the layouts of the table above) and constants."""
+
+    single: Callable  # (builder, block ptr) -> <32 x u8>
+    quad: Callable  # (builder, 4 block ptrs) -> (lo, hi) <64 x u8>
+    oct: Callable  # (builder, 8 block ptrs) -> four <64 x u8>, grouped order
+    ymm: Callable | None  # (builder, 8 block ptrs) -> eight <32 x u8>; None: not used
+    pair: Callable | None  # (builder, 2 block ptrs) -> two <32 x i8>; None: not used
+    block_bytes: int
+    bias: int  # added to every value by the decoders (single, quad, oct, ymm)
+    max_u: int  # largest decoded byte
+    has_min: bool  # the `_1` formats (d * q + m), which multiply Q8_1 activations
+
+
+BLOCK_FORMATS = {  # GGML type code -> its BlockFormat
+    int(T.Q8_0): BlockFormat(_decode_q8_0, _quad_q8_0, _oct_q8_0, _ymm_q8_0, _pair_q8_0,
+                             block_bytes=34, bias=128, max_u=255, has_min=False),
+    int(T.Q4_0): BlockFormat(_decode_q4_0, _quad_q4_0, _oct_q4_0, _ymm_q4_0, _pair_q4_0,
+                             block_bytes=18, bias=8, max_u=15, has_min=False),
+    int(T.Q4_1): BlockFormat(_decode_q4_1, _quad_q4_1, _oct_q4_1, _ymm_q4_1, _pair_q4_1,
+                             block_bytes=20, bias=0, max_u=15, has_min=True),
+    int(T.Q5_0): BlockFormat(_decode_q5_0, _quad_q5_0, _oct_q5_0, _ymm_q5_0, _pair_q5_0,
+                             block_bytes=22, bias=16, max_u=31, has_min=False),
+    int(T.Q5_1): BlockFormat(_decode_q5_1, _quad_q5_1, _oct_q5_1, _ymm_q5_1, _pair_q5_1,
+                             block_bytes=24, bias=0, max_u=31, has_min=True),
 }

@@ -1,10 +1,10 @@
 """Element-wise and per-row kernels of the forward pass: norms, rope, activations, embedding.
 
 They run serially below PARALLEL_ROWS rows: they touch a few KB per token, and a Numba
-parallel region costs microseconds of fork/join per call (shared/docs/kernels.md), more than
+parallel region costs microseconds of fork/join per call, more than
 the work itself at decode time; prefill batches split their rows across threads, and so do
 decode batches of the costlier activations (parallel_rows, by values). Each
-mirrors the ggml CPU op named in its docstring (shared/docs/architectures.md §1.3-1.4),
+mirrors the ggml CPU op named in its docstring,
 including where ggml accumulates in double or rounds to F16, so our logits track
 llama.cpp's. Kernels write into `out` arguments and never allocate.
 """
@@ -21,12 +21,8 @@ from edgeinfer.kernels.f16 import f16_bits_to_f32, f32_to_f16_bits
 
 PARALLEL_ROWS = 32  # batches at least this long run the row loops on all threads
 # Below PARALLEL_ROWS the activations, whose values cost more, split 2+ rows across the
-# threads from this many values (rows x columns): an 8-sequence decode step ran them on the
-# calling thread while the other spun in the pool (perf: 4% of a gemma-3 step's samples in
-# geglu and the Q8_K quantizer). One core (Zen 4), serial -> 2 threads: geglu 8 x 2048 27 ->
-# 10 us, 2 x 2048 6.6 -> 4.4; swiglu 8 x 2048 10.2 -> 7.0, 2 x 2048 2.9 -> 3.6 (its loop is
-# vectorized: 0.65 ns a value against geglu's 1.6, so it needs more); the norms lose at
-# 8-16 rows (8 x 640: 3.1 -> 4.0 us) and keep PARALLEL_ROWS. A region costs ~1.2 us.
+# threads from this many values (rows x columns); swiglu's loop vectorizes, so it needs more.
+# The norms lose at 8-16 rows and keep PARALLEL_ROWS (docs/performance.md, Kernels).
 GEGLU_PARALLEL_VALUES = 4096
 SWIGLU_PARALLEL_VALUES = 12288
 
@@ -142,8 +138,7 @@ def rope(x, positions, cos, sin, neox):
 def _swiglu_row(gate, up, out, i):
     """ggml_v_silu(g) * up: g / (1 + expf(-g)) with ggml's own expf (its AVX-512 build's, bit
     for bit where n_ff is a multiple of 16; ggml's tail takes libm's), which also lets the
-    loop vectorize (with libm's expf it ran at 3.5 ns per value: 5% of an 8-sequence
-    SmolLM2 decode step)."""
+    loop vectorize (libm's expf does not)."""
     for j in range(gate.shape[1]):
         g = gate[i, j]
         out[i, j] = g / (np.float32(1.0) + expf(-g)) * up[i, j]

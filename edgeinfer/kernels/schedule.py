@@ -2,12 +2,11 @@
 others' from their far ends.
 
 A Numba `prange` (OpenMP layer) splits its range statically, one contiguous share per thread,
-so the thread that ends first waits at the barrier for the other. On the development machine
-(2 vCPUs of a shared Intel Xeon) the second core ran the same matmul share ~13% slower, and the
-calling thread spent 12% of an 8-sequence decode step spinning at the end of the matmuls
-(perf, cpu-clock samples). Handing out every chunk from one shared counter fixed the wait but
-interleaved the threads' rows, which cost the memory-bound single-token matmuls 5-8% (each
-thread's stream of weight rows, and the prefetches ahead of it, jumped at every chunk). So:
+so the thread that ends first waits at the barrier for the other, and on shared VMs the cores
+do not run at the same speed. Handing out every chunk from one shared counter fixes the wait
+but interleaves the threads' rows, which slows the memory-bound single-token matmuls (each
+thread's stream of weight rows, and the prefetches ahead of it, jumps at every chunk; figures
+in docs/performance.md, Kernels). So:
 
     counters, n_seg = chunk_counters(), n_workers(n_chunks)
     for task in prange(n_seg):

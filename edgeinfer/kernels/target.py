@@ -42,10 +42,7 @@ elif "avx2" in CPU_FEATURES:
 else:
     DOT_PATH = "generic"
 # Cache level the legacy kernels' weight prefetches fill (llvm.prefetch locality: 3 =
-# prefetcht0, into L1; 2 = prefetcht1, into L2), by CPU name. They ask for rows 4 tiles ahead.
-# Zen 4 (2 vCPUs of an EPYC 9004 VM): with t0, a cold 4096 x 4096 Q8_0 matvec on one core read
-# 10 GB/s (a plain sum 29); with t1 22-23, t2 the same, nta 10; at 2 threads the legacy types
-# went from 59-69% of stream to 89-98%, gemma-3's one-sequence decode step from 14-16 ms to
-# 11 ms. Zen 2, Zen 5 and Intel reached 85-97% of stream with t0 (not measured with t1). The
-# k-quant kernels, which prefetch 2 KB ahead, lost a third with t1 on Zen 4: they keep t0.
+# prefetcht0, into L1; 2 = prefetcht1, into L2), by CPU name. They ask for rows 4 tiles ahead;
+# the measured reason for each entry is in docs/performance.md, Kernels. The k-quant kernels
+# keep t0.
 WEIGHT_PREFETCH_LOCALITY = {"znver4": 2}.get(CPU_NAME, 3)

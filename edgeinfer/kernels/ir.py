@@ -1,16 +1,75 @@
-"""LLVM IR helpers of the legacy kernels' emitters (legacy.py): calls of intrinsics, lane
-sums, branch-and-phi selection, optimizer barriers, prefetches and array-argument access."""
+"""LLVM IR helpers shared by the kernels that emit vector IR (legacy.py, legacy_blocks.py,
+kquants.py and the ISA steps in isa/): vector types, constants, shuffles, unaligned loads,
+calls of intrinsics, lane sums, branch-and-phi selection, optimizer barriers, prefetches and
+array-argument access."""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from llvmlite import ir
 from numba.core import cgutils
 
-from edgeinfer.kernels.legacy_blocks import shuffle, vec
+from edgeinfer.kernels.f16 import half_to_f32
 from edgeinfer.kernels.target import WEIGHT_PREFETCH_LOCALITY
 
-_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
 _F32 = ir.FloatType()
+
+
+def vec(elem: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(elem, n)
+
+
+def splat(elem: ir.Type, n: int, value) -> ir.Constant:
+    """A constant vector of n copies of value."""
+    return ir.Constant(vec(elem, n), [value] * n)
+
+
+def splat_value(builder, value, n: int):
+    """A runtime scalar in all n lanes."""
+    v = builder.insert_element(ir.Constant(vec(value.type, n), None), value, _I32(0))
+    return shuffle(builder, v, v, [0] * n)
+
+
+def shuffle(builder, a, b, idx: list[int]):
+    """Lanes idx of a and b end to end (a's lanes first)."""
+    return builder.shuffle_vector(a, b, ir.Constant(vec(_I32, len(idx)), idx))
+
+
+def permute(builder, v, idx: list[int]):
+    """Lanes idx of one vector."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                  ir.Constant(vec(_I32, len(idx)), idx))
+
+
+def concat(builder, parts):
+    """Equal-width vectors end to end."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        pairs = zip(parts[::2], parts[1::2])
+        parts = [shuffle(builder, a, b, list(range(2 * n))) for a, b in pairs]
+    return parts[0]
+
+
+def from_scalars(builder, values):
+    """A vector of the scalars, in order."""
+    v = ir.Constant(vec(values[0].type, len(values)), ir.Undefined)
+    for k, value in enumerate(values):
+        v = builder.insert_element(v, value, _I32(k))
+    return v
+
+
+def load(builder, base, offset, ty: ir.Type):
+    """Unaligned load of `ty` at byte `offset` (i64 value or int) from an i8* `base`."""
+    offset = offset if isinstance(offset, ir.Value) else ir.Constant(_I64, offset)
+    ptr = builder.bitcast(builder.gep(base, [offset]), ty.as_pointer())
+    return builder.load(ptr, align=1)
+
+
+def load_f16(builder, base, offset):
+    """The f16 at byte `offset` of `base`, as f32."""
+    return half_to_f32(builder, load(builder, base, offset, _I16))
 
 
 def call(builder, name: str, ret: ir.Type, *args):
@@ -59,6 +118,15 @@ def hsums(builder, vecs):
     return vecs
 
 
+def tree_sum(builder, v):
+    """The sum of a float vector's lanes: lane j plus lane j + half, halves down to one."""
+    while v.type.count > 1:
+        half = v.type.count // 2
+        v = builder.fadd(permute(builder, v, list(range(half))),
+                         permute(builder, v, list(range(half, 2 * half))))
+    return builder.extract_element(v, _I32(0))
+
+
 def lanes_of(builder, vecs, first: int, n: int):
     """Lanes first .. first + n - 1 of the vectors' lanes taken in turn, as one <n x float>
     (n = 1: the float), all from one vector."""
@@ -91,6 +159,18 @@ def select_by(builder, cases):
     return joined
 
 
+@contextmanager
+def loop_or_once(builder, count, once: bool):
+    """A loop over range(count), or where count is known to be 0 or 1 (once), a branch
+    instead: as loops, a tile's accumulator phis cost about 70 register moves."""
+    if not once:
+        with cgutils.for_range(builder, count) as loop:
+            yield loop.index
+        return
+    with builder.if_then(builder.icmp_unsigned("!=", count, _I64(0))):
+        yield _I64(0)
+
+
 def opaque(builder, value, constraint="=r,0"):
     """value, unknown to LLVM's optimizer (an empty inline asm), e.g. so that loads at
     addresses made from it are not merged with the same loads elsewhere."""
@@ -113,17 +193,16 @@ def fence(builder, values, reg: str = "x"):
     return [builder.extract_value(out, k) for k in range(n)]
 
 
-def prefetch(builder, ptr) -> None:
-    """Software prefetch of weights (read, into the cache level of the CPU's
-    WEIGHT_PREFETCH_LOCALITY). Small blocks carry few bytes per instruction, so the
-    out-of-order window alone keeps too few cache misses in flight; on the development
-    machine the Q4 kernels read DRAM at half the rate of Q8_0 without it."""
+def prefetch(builder, ptr, locality: int = WEIGHT_PREFETCH_LOCALITY) -> None:
+    """Software prefetch of weights for reading, into the cache level of llvm.prefetch's
+    `locality` (3: L1). Small blocks carry few bytes per instruction, so the out-of-order
+    window alone keeps too few cache misses in flight."""
     fn = cgutils.get_or_insert_function(
         builder.module,
         ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
         "llvm.prefetch.p0",
     )
-    builder.call(fn, [ptr, _I32(0), _I32(WEIGHT_PREFETCH_LOCALITY), _I32(1)])
+    builder.call(fn, [ptr, _I32(0), _I32(locality), _I32(1)])
 
 
 class Array2D:
@@ -138,6 +217,12 @@ class Array2D:
 
     def row(self, i):
         return self.builder.gep(self.base, [self.builder.mul(i, self.stride)])
+
+    def block(self, row, blk, block_bytes: int):
+        """i8* to the blk-th block of `block_bytes` bytes in row `row`."""
+        b = self.builder
+        offset = b.add(b.mul(row, self.stride), b.mul(blk, ir.Constant(blk.type, block_bytes)))
+        return b.gep(self.base, [offset])
 
 
 def repeat_lanes(builder, values, n: int):
