@@ -42,7 +42,8 @@ QK8 = 32  # values per Q8_0 / Q8_1 block
 # as the four 64-byte registers the legacy kernels' 8-block step multiplies, so that it loads them
 # as they are. Register k, 32-bit lane l holds value dword GROUP_DWORDS[k][l // 8] (values 4m..4m+3)
 # of block l % 8: the dwords a nibble format's low (k < 2) or high nibbles give, two registers from
-# the same 32 bytes of 8 blocks (legacy_blocks' oct decoders). AVX2 reads each as two 32-byte registers,
+# the same 32 bytes of 8 blocks (legacy_blocks' oct decoders). AVX2 reads each as two 32-byte
+# registers,
 # lane l of each holding block l. Blocks past the last whole group keep the natural order (on AVX2,
 # pairs of them: PAIRS). `natural_order` undoes it. Grouped Q8_0 activations also carry, per group,
 # minus the sum of each of its SUM_LANES register lanes (int32 in xs's bits): the weights' bias

@@ -11,14 +11,15 @@ the bsums:
     Q6_K               w = d*sc*(u - 32)         ->  d*(sum(sc*u.x) - 32*sum(sc*bsum))
     Q3_K               w = d*sc*(u - 4)          ->  d*(sum(sc*u.x) -  4*sum(sc*bsum))
 
-Speed: the loop vectorizer cannot be trusted with nibble and bit-field code, so a whole row's dot product is one Numba intrinsic that emits LLVM vector
-IR, like llama.cpp's AVX2 code: per 32 weights, load 32 bytes, mask/shift the bit fields, u8 x
-s8 pair products (`maddubs`), times the group scales by an i16 x i16 pair product (`madd`),
-int32 x 8 accumulation; per super-block, one f32 x 8 multiply-add; per row, one horizontal
-sum. With VNNI the scale product and the add fuse into `vpdpwssd`, and with AVX-512 two chunks
-share a zmm register. Each weight block is unpacked once for TILE tokens (prefill, batches)
-and prefetched ahead. Numba only runs the loops over rows and tokens; products under
-SERIAL_WORK run on the calling thread (no fork/join).
+Speed: the loop vectorizer cannot be trusted with nibble and bit-field code, so a whole row's
+dot product is one Numba intrinsic that emits LLVM vector IR, like llama.cpp's AVX2 code: per
+32 weights, load 32 bytes, mask/shift the bit fields, u8 x s8 pair products (`maddubs`), times
+the group scales by an i16 x i16 pair product (`madd`), int32 x 8 accumulation; per
+super-block, one f32 x 8 multiply-add; per row, one horizontal sum. With VNNI the scale product
+and the add fuse into `vpdpwssd`, and with AVX-512 two chunks share a zmm register. Each weight
+block is unpacked once for TILE tokens (prefill, batches) and prefetched ahead. Numba only runs
+the loops over rows and tokens; products under SERIAL_WORK run on the calling thread (no
+fork/join).
 
 Arrays handed to the kernels must be C-contiguous (a memory-mapped GGUF tensor is).
 """

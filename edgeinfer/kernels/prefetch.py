@@ -1,7 +1,7 @@
 """Software prefetch usable inside Numba kernels.
 
-The hardware prefetcher alone leaves strided or short streams (a KV head's rows of the cache, small quant blocks) well below DRAM
-bandwidth: too few misses are in flight.
+The hardware prefetcher alone leaves strided or short streams (a KV head's rows of the cache,
+small quant blocks) well below DRAM bandwidth: too few misses are in flight.
 `prefetch(arr, i0, i1, i2, i3)` asks for the cache line holding arr[i0, i1, i2, i3] (4-D
 arrays); x86 and ARM prefetches never fault, so addresses past the end are harmless.
 """
