@@ -329,15 +329,25 @@ def test_disconnect_non_stream_frees_slot(server):
     assert max(s["next_token"]["n_decoded"] for s in slots) < 450
 
 
-def test_keep_alive_pings(server):
+@pytest.fixture(scope="module")
+def pinging_server(tmp_path_factory):
+    """Pings every 2 ms: a request's own sse_ping_interval is at least 1 s, longer than the
+    tiny model takes to fill its context."""
+    model = write_tiny_model(tmp_path_factory.mktemp("ping") / "tiny.gguf")
+    srv = ServerProcess(model, "-np", "4", "-c", "512", "--sse-ping-interval", "0.002")
+    yield srv
+    srv.stop()
+
+
+def test_keep_alive_pings(pinging_server):
     """A request waiting for its slot (pinned behind a long generation there) has nothing to
-    send: `:` comments keep the connection alive every sse_ping_interval. (Timing the pings
+    send: `:` comments keep the connection alive every --sse-ping-interval. (Timing the pings
     against a prompt's processing instead was flaky: on the tiny model it can end within the
     interval.)"""
+    server = pinging_server
     busy = {"prompt": "Go on forever", "n_predict": 480, "ignore_eos": True, "id_slot": 3,
             "stream": True, **GREEDY}
-    body = {"prompt": "word " * 20, "n_predict": 2, "stream": True, "sse_ping_interval": 0.002,
-            "id_slot": 3, **GREEDY}
+    body = {"prompt": "word " * 20, "n_predict": 2, "stream": True, "id_slot": 3, **GREEDY}
     generating = threading.Event()
 
     def hold_the_slot():

@@ -15,6 +15,14 @@ from edgeinfer.sampling import N_PREDICT, SamplingParams
 from edgeinfer.server.errors import bad_request
 
 SAMPLING = SamplingParams()  # the defaults of the request's sampling fields
+INT32_MAX = 2**31 - 1
+MAX_PROMPTS = 256  # prompts in one request (llama-server: no limit)
+SSE_PING_FLOOR = 1.0  # seconds; llama-server reads sse_ping_interval as whole seconds
+# render_chat's own arguments (and the two Python binds them to): a template kwarg of the
+# same name would collide with them (llama-server lets such kwargs override the template's
+# variables; they are refused here instead).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token",
+                                      "eos_token", "tools", "strip_bos", "template", "self"})
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
 PromptPiece = str | int
@@ -36,7 +44,7 @@ class GenParams:
     include_usage: bool = False  # stream_options.include_usage (OpenAI routes)
     return_tokens: bool = False
     timings_per_token: bool = False
-    sse_ping_interval: float = 30.0
+    sse_ping_interval: float | None = None  # None: the server's --sse-ping-interval
 
 
 @dataclass(frozen=True)
@@ -57,16 +65,27 @@ class ChatRequest:
 
 
 # -- typed field readers --------------------------------------------------------------------
-def _number(body: dict, key: str, default: float) -> float:
+def _number(body: dict, key: str, default: float, lo: float = -math.inf,
+            hi: float = math.inf, clamp: bool = False) -> float:
+    """A finite number in [lo, hi]: outside it, 400, or with `clamp` the nearest bound
+    (llama-server's set_limits, which clamps, and set_hard_limits, which refuses)."""
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise bad_request(f"'{key}' must be a number, got {value!r}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a finite number, got {value!r}")
+    value = float(value)
+    if clamp:
+        return min(max(value, lo), hi)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value:g}")
+    return value
 
 
-def _integer(body: dict, key: str, default: int) -> int:
+def _integer(body: dict, key: str, default: int, lo: int = -INT32_MAX - 1,
+             hi: int = INT32_MAX) -> int:
+    """An integer in [lo, hi] (llama-server reads int32 fields); 400 outside it."""
     value = body.get(key)
     if value is None:
         return default
@@ -74,6 +93,8 @@ def _integer(body: dict, key: str, default: int) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{key}' must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}")
     return value
 
 
@@ -98,19 +119,17 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    seed = _integer(body, "seed", -1)  # -1 and DEFAULT_SEED spell SAMPLING.seed, None
+    seed = _integer(body, "seed", -1, -1, 2**64 - 1)  # -1 and DEFAULT_SEED: None, random
     if seed == -1 or seed == DEFAULT_SEED:
         seed = None
-    elif seed < 0:
-        raise bad_request(f"'seed' must be >= 0 or -1, got {seed}")
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", SAMPLING.temperature),
-            top_k=_integer(body, "top_k", SAMPLING.top_k),
-            top_p=_number(body, "top_p", SAMPLING.top_p),
-            min_p=_number(body, "min_p", SAMPLING.min_p),
+            temperature=_number(body, "temperature", SAMPLING.temperature, 0.0, clamp=True),
+            top_k=max(_integer(body, "top_k", SAMPLING.top_k), 0),
+            top_p=_number(body, "top_p", SAMPLING.top_p, 0.0, 1.0, clamp=True),
+            min_p=_number(body, "min_p", SAMPLING.min_p, 0.0, 1.0, clamp=True),
             repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
-            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n),
+            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n, -1),
             presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
             frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
             seed=seed)
@@ -138,24 +157,30 @@ def gen_params(body: dict, n_probs: int = 0) -> GenParams:
     n_predict = N_PREDICT
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
         if body.get(key) is not None:
-            n_predict = _integer(body, key, N_PREDICT)
-    if n_predict < -1:
-        raise bad_request(f"'n_predict' must be >= -1, got {n_predict}")
+            n_predict = _integer(body, key, N_PREDICT, -1)
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object")
-    n_probs = _integer(body, "n_probs", n_probs)
-    if not 0 <= n_probs <= 100:
-        raise bad_request(f"'n_probs' must be between 0 and 100, got {n_probs}")
+    n_probs = _integer(body, "n_probs", n_probs, 0, 100)
     return GenParams(
         sampling=_sampling(body), n_predict=n_predict, stop=_stop(body),
         stream=_boolean(body, "stream", False), n_probs=n_probs, logprobs=n_probs > 0,
         cache_prompt=_boolean(body, "cache_prompt", True),
-        ignore_eos=_boolean(body, "ignore_eos", False), id_slot=_integer(body, "id_slot", -1),
+        ignore_eos=_boolean(body, "ignore_eos", False),
+        id_slot=_integer(body, "id_slot", -1, -1),
         include_usage=_boolean(stream_options, "include_usage", False),
         return_tokens=_boolean(body, "return_tokens", False),
         timings_per_token=_boolean(body, "timings_per_token", False),
-        sse_ping_interval=_number(body, "sse_ping_interval", 30.0))
+        sse_ping_interval=_ping_interval(body))
+
+
+def _ping_interval(body: dict) -> float | None:
+    """-1 or 0: no pings; a positive value under SSE_PING_FLOOR is raised to it (llama-server
+    truncates it to whole seconds, so to 0: no pings)."""
+    value = _number(body, "sse_ping_interval", math.nan, -1.0, INT32_MAX)
+    if math.isnan(value):
+        return None
+    return max(value, SSE_PING_FLOOR) if value > 0 else 0.0
 
 
 # -- prompts --------------------------------------------------------------------------------
@@ -177,10 +202,14 @@ def parse_prompts(value: Any) -> list[list[PromptPiece]]:
         raise bad_request("'prompt' is required")
     if isinstance(value, list) and value and all(isinstance(p, (list, str)) for p in value) \
             and any(isinstance(p, list) for p in value):
-        return [_prompt_pieces(p) for p in value]
-    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
-        return [[p] for p in value]
-    return [_prompt_pieces(value)]
+        prompts = [_prompt_pieces(p) for p in value]
+    elif isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
+        prompts = [[p] for p in value]
+    else:
+        return [_prompt_pieces(value)]
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+    return prompts
 
 
 def parse_completion(body: dict, oai: bool) -> CompletionRequest:
@@ -241,6 +270,8 @@ def parse_chat(body: dict) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object")
+    for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
+        raise bad_request(f"'chat_template_kwargs' may not set '{key}': the server does")
     params = replace(gen_params(body, n_probs), logprobs=logprobs)
     return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
                        _boolean(body, "add_generation_prompt", True), kwargs)
