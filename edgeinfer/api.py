@@ -53,18 +53,13 @@ class Model:
     @classmethod
     def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,
               flash_attn) -> Model:
-        from edgeinfer.arch import get_arch
-        from edgeinfer.gguf_file import GGUFFile
         from edgeinfer.model import Transformer
         from edgeinfer.tokenizer import Tokenizer
+        from edgeinfer.validate import open_model
         from edgeinfer.weights import load_weights
 
-        gguf = GGUFFile(path)
+        gguf, arch, config = open_model(path)
         meta = gguf.metadata
-        if "general.architecture" not in meta:
-            raise EdgeInferError(f"{path}: GGUF file has no 'general.architecture' key")
-        arch = get_arch(meta["general.architecture"])
-        config = arch.config_from_gguf(meta)
         set_threads(threads)
         weights = load_weights(gguf, config, arch)
         tokenizer = Tokenizer.from_metadata(meta)

@@ -147,7 +147,8 @@ def bench(
 def serve(
     model: str | None = MODEL_ARG,
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8080, "--port"),
+    port: int = typer.Option(8080, "--port",
+                            help="0: a free port, named in the 'listening on' line."),
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
     parallel: int = typer.Option(-1, "-np", "--parallel",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, ModelFault
 
 N_PREDICT = -1  # tokens to generate (llama.cpp's n_predict); -1: until EOS or the context is full
 
@@ -148,6 +148,17 @@ def min_p_filter(
     return ids[keep], candidates[keep]
 
 
+def check_finite(logits: np.ndarray) -> None:
+    """Refuse a row whose best logit is NaN or infinite (max propagates NaN, so one NaN
+    anywhere is found): no sampler can pick from it, and it means broken weights or
+    hyperparameters. One pass over the row, next to the forward pass that made it."""
+    peak = logits.max()
+    if not np.isfinite(peak):
+        kind = "NaN" if np.isnan(peak) else "infinite"
+        raise ModelFault(f"the model produced {kind} logits (a corrupt or incompatible model "
+                         "file?)")
+
+
 def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Index drawn from the distribution `probs` using one uniform from `rng`."""
     cumulative = np.cumsum(probs)
@@ -173,7 +184,9 @@ class Sampler:
         self.rng = np.random.default_rng(self.seed)
 
     def sample(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
-        """Pick the next token id from `logits` (n_vocab,), given the tokens so far."""
+        """Pick the next token id from `logits` (n_vocab,), given the tokens so far.
+        Raises ModelFault on NaN or infinite logits."""
+        check_finite(logits)
         params = self.params
         if params.penalties_active and len(recent) > 0:
             logits = self._penalized(logits, recent)

@@ -21,7 +21,7 @@ llama.cpp (`src/llama-vocab.cpp`) tokenizes in two stages, and so do we:
 The BPE merge table (token-id triples) is cached (`.npy`) under `cache_dir`, keyed by a hash of
 everything it is built from. Detokenization uses per-id byte pieces with llama.cpp's
 `token_to_piece` rules, built lazily, never HF decoders (they differ on control, unknown and
-user-defined tokens). Reference: shared/docs/tokenizer.md.
+user-defined tokens). The facts behind these rules: docs/tokenizer.md.
 """
 
 from __future__ import annotations
@@ -512,8 +512,8 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Gemma 3 has 6.4k partition tokens (6.2k of them `<unused...>`) but 21 distinct
         two-character prefixes: looking for the prefixes first skips the tokens that cannot
-        occur (a 35k-character text: 82 -> 4 ms). Fragments are substrings of the text, so
-        a token absent from it is absent from them."""
+        occur (docs/performance.md, "Special-token prefixes"). Fragments are substrings of
+        the text, so a token absent from it is absent from them."""
         fragments: list[str | int] = [text]
         entries = self._specials_all if parse_special else self._specials_user
         present: dict[str, bool] = {}

@@ -5,8 +5,8 @@ flags (`read_vocab`). Transcribed from llama.cpp as vendored in llama-cpp-python
 heuristics) and `include/llama.h` (token attributes).
 
 The regex strings are llama.cpp's own, C-unescaped and machine-extracted; non-ASCII literals are
-written as escapes so no editor or formatter can NFC-normalize them (shared/docs/tokenizer.md
-§3.2: a normalized copy of the deepseek class silently matched half of Unicode). They are
+written as escapes so no editor or formatter can NFC-normalize them (docs/tokenizer.md,
+"Encoding": a normalized copy of the deepseek class silently matched half of Unicode). They are
 applied in order, each one re-splitting the pieces of the previous one, like HF `Split(...,
 "isolated")`. llama.cpp runs most of them through `std::regex` over a text where each non-ASCII
 code point is collapsed to one byte for its category, so `\\p{Lu}` there means any letter; none
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, printable
 
 
 class Attr(IntFlag):
@@ -465,12 +465,14 @@ def _vocab_kind(meta: dict) -> tuple[str, str, PreSpec | None]:
         return "raw_bpe", "gemma4", None
     if model not in BPE_MODELS:
         raise EdgeInferError(
-            f"unsupported tokenizer model '{model}' (supported: {', '.join(SUPPORTED_MODELS)})"
+            f"unsupported tokenizer model '{printable(model, 40)}' "
+            f"(supported: {', '.join(SUPPORTED_MODELS)})"
         )
     pre = meta.get("tokenizer.ggml.pre") or "default"  # llama.cpp: missing pre means default
     if pre not in PRE_TYPES:
         raise EdgeInferError(
-            f"unsupported pre-tokenizer '{pre}' (supported: {', '.join(sorted(PRE_TYPES))})"
+            f"unsupported pre-tokenizer '{printable(pre, 40)}' "
+            f"(supported: {', '.join(sorted(PRE_TYPES))})"
         )
     return "bpe", pre, PRE_TYPES[pre]
 
@@ -488,7 +490,7 @@ def _token_index(tokens: list[str]) -> dict[str, int]:
     index = dict(zip(tokens, range(len(tokens))))
     if len(index) != len(tokens):
         dup = next(t for i, t in enumerate(tokens) if index[t] != i)
-        raise EdgeInferError(f"corrupt tokenizer vocabulary: duplicate token {dup!r}")
+        raise EdgeInferError(f"corrupt tokenizer vocabulary: duplicate token '{printable(dup)}'")
     return index
 
 

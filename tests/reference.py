@@ -1,5 +1,5 @@
 """An independent float64 numpy forward pass, written from llama.cpp's semantics
-(shared/docs/architectures.md; llama.cpp src/models/{llama,qwen2,qwen3,phi3,gemma3}.cpp).
+(llama.cpp src/models/{llama,qwen2,qwen3,phi3,gemma3}.cpp).
 
 It shares no code with edgeinfer: it reads the file with gguf-py's own `GGUFReader`,
 dequantizes every tensor with `gguf.quants.dequantize`, and computes in float64 with no

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from gguf import GGMLQuantizationType as Q
+from test_server_harness import ServerProcess
 from tiny_models import write_tiny_model
 
 from edgeinfer.api import Model
@@ -178,3 +180,15 @@ def test_bench_table_and_bad_depth(tiny):
     bad_flag = edgeinfer("bench", tiny, "-fa", "maybe")
     assert bad_flag.returncode == 2 and "Traceback" not in bad_flag.stderr
     assert "maybe" in bad_flag.stderr
+
+
+def test_serve_on_port_zero_names_the_port_it_got(tiny):
+    """`edgeinfer serve --port 0`: the system picks a free port, the 'listening on' line on
+    stderr names it, and the server answers there."""
+    srv = ServerProcess(tiny, "-np", "1", "-c", "128", entry=("edgeinfer.cli", "serve"))
+    try:
+        assert srv.port > 0
+        assert f"listening on http://127.0.0.1:{srv.port} " in srv.log_text()
+        assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    finally:
+        srv.stop()

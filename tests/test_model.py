@@ -170,7 +170,7 @@ def test_a_q_norm_without_its_k_norm_is_refused(tmp_path):
 
 
 def test_mistral_sliding_window_key_is_ignored_like_llama_cpp(model_dir, tmp_path):
-    """llama.cpp does not read llama.attention.sliding_window (architectures.md §2): a
+    """llama.cpp does not read llama.attention.sliding_window (docs/architecture.md): a
     Mistral-style file attends to the whole context, as the reference does."""
     path = write_tiny_model(tmp_path / "mistral.gguf", "llama", Q.F32, window=4,
                             llama_sliding_window=True)

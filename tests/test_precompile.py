@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from gguf import GGMLQuantizationType as Q
 from tiny_models import write_tiny_model
 
@@ -39,6 +40,7 @@ def _run(args, cache_dir):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # compiles every layer kernel into an empty cache: 45 s on 2 vCPUs
 def test_the_child_caches_what_the_load_asks_for(tmp_path):
     model = tmp_path / "tiny.gguf"
     write_tiny_model(model, "llama", Q.Q4_1)

@@ -1,4 +1,8 @@
-"""`edgeinfer serve` on SmolLM2-135M-Instruct (skipped when the model is not present)."""
+"""`edgeinfer serve` on SmolLM2-135M-Instruct (skipped when the model is not present).
+
+The tests share one server, idle before and after each; its KV cache carries over, which
+changes no greedy text (cached or not, batched or not, a sequence gives the same tokens) and
+only adds to the cached-token counts a test checks from below."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from test_server_harness import ServerProcess
+from test_server_harness import ServerProcess, idle_around_test
 
 SMOLLM2 = [Path.home() / ".cache/edgeinfer/models/SmolLM2-135M-Instruct.Q4_1.gguf",
            Path("/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
@@ -19,13 +23,18 @@ pytestmark = [pytest.mark.real,
 
 
 @pytest.fixture(scope="module")
-def server():
+def shared_server():
     srv = ServerProcess(MODEL, "-np", "4", "-c", "1024")
     yield srv
     srv.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def server(shared_server):
+    yield from idle_around_test(shared_server)
+
+
+@pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeinfer.config import ModelConfig
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, printable
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,10 @@ def register(arch: Arch) -> Arch:
 
 def get_arch(name: str) -> Arch:
     _load_all()
-    if name not in ARCHES:
+    if not isinstance(name, str) or name not in ARCHES:
         supported = ", ".join(sorted(ARCHES))
-        raise EdgeInferError(f"unsupported architecture '{name}' (supported: {supported})")
+        raise EdgeInferError(
+            f"unsupported architecture '{printable(name, 40)}' (supported: {supported})")
     return ARCHES[name]
 
 

@@ -16,11 +16,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from edgeinfer.arch import Arch, register
-from edgeinfer.config import ModelConfig, base_config
+from edgeinfer.config import MAX_LAYERS, ArchKeys, ModelConfig, base_config
 
 BLOCK_TENSORS = (
     "attn_norm", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
@@ -28,33 +29,32 @@ BLOCK_TENSORS = (
 )
 
 
-def _swa_layers(meta: dict, n_layer: int) -> tuple[bool, ...]:
-    if int(meta.get("gemma3.attention.sliding_window", 0) or 0) <= 0:
+def _swa_layers(keys: ArchKeys, window: int, n_layer: int) -> tuple[bool, ...]:
+    if window == 0:
         return (False,) * n_layer
-    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
-    if hasattr(pattern, "__len__"):
+    pattern = keys.get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, np.ndarray):
+        if len(pattern) != n_layer:
+            raise keys.fail("attention.sliding_window_pattern", pattern,
+                            f"an integer or {n_layer} booleans, one per layer")
         return tuple(bool(v) for v in pattern)
-    pattern = int(pattern)
+    pattern = keys.int("attention.sliding_window_pattern", 6, hi=MAX_LAYERS)
     return tuple(il % pattern < pattern - 1 for il in range(n_layer))
 
 
 def config_from_gguf(meta: dict) -> ModelConfig:
-    n_layer = int(meta["gemma3.block_count"])
-    n_embd = int(meta["gemma3.embedding_length"])
-    n_head = int(meta["gemma3.attention.head_count"])
-    head_dim = int(meta.get("gemma3.attention.key_length", n_embd // n_head))
-    scale = 1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim)
-    return base_config(
-        meta,
-        rope_neox=True,
-        rope_base_swa=float(meta.get("gemma3.rope.freq_base_swa", 10000.0)),
-        sliding_window=int(meta.get("gemma3.attention.sliding_window", 0) or 0),
-        swa_layers=_swa_layers(meta, n_layer),
-        attn_scale=scale,
-        q_prescale=True,
-        embd_scale=float(np.sqrt(np.float32(n_embd))),
-        ffn_act="gelu_tanh",
-        final_softcap=float(meta.get("gemma3.final_logit_softcapping", 0.0) or 0.0),
+    config = base_config(meta, rope_neox=True, q_prescale=True, ffn_act="gelu_tanh")
+    keys = ArchKeys(meta, "gemma3")
+    window = keys.int("attention.sliding_window", 0, lo=0, hi=1 << 30)
+    head_size = config.n_embd / config.n_head if config.n_layer == 62 else config.head_dim
+    return replace(
+        config,
+        rope_base_swa=keys.float("rope.freq_base_swa", 10000.0),
+        sliding_window=window,
+        swa_layers=_swa_layers(keys, window, config.n_layer),
+        attn_scale=1.0 / math.sqrt(head_size),
+        embd_scale=float(np.sqrt(np.float32(config.n_embd))),
+        final_softcap=keys.float("final_logit_softcapping", 0.0, positive=False),
     )
 
 

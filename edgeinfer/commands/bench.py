@@ -13,6 +13,7 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
                   flash_attn: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from edgeinfer.api import Model
     from edgeinfer.bench import run_bench
@@ -41,6 +42,6 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
         return
     table = Table("model", "threads", "test", "t/s", "peak RSS")
     for r in rows:
-        table.add_row(path.name, str(r.n_threads), r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
-                      f"{r.peak_rss_mb:.0f} MB")
+        table.add_row(Text(path.name), str(r.n_threads), r.test,
+                      f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}", f"{r.peak_rss_mb:.0f} MB")
     Console().print(table)

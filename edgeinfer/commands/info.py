@@ -1,5 +1,9 @@
 """`edgeinfer info MODEL`: what a GGUF file holds and what running it costs, without
-compiling anything (no numba import)."""
+compiling anything (no numba import).
+
+Every value from the file is data, never markup: rows are rich `Text` (no markup parsing) and
+file strings are made printable and cut (`errors.printable`), so a name holding `[/bad]` or an
+escape sequence prints as the characters it is."""
 
 from __future__ import annotations
 
@@ -7,26 +11,22 @@ from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import printable
 
 
-def info_command(model: str | None, n_ctx: int) -> None:
-    from edgeinfer.arch import get_arch
-    from edgeinfer.gguf_file import GGUFFile
+def info_command(model: str | None, n_ctx: int, console: Console | None = None) -> None:
     from edgeinfer.pull import resolve_model
+    from edgeinfer.validate import open_model
 
     path = resolve_model(model)
-    gguf = GGUFFile(path)
-    meta = gguf.metadata
-    if "general.architecture" not in meta:
-        raise EdgeInferError(f"{path}: GGUF file has no 'general.architecture' key")
-    config = get_arch(meta["general.architecture"]).config_from_gguf(meta)
+    gguf, _, config = open_model(path)
     n_ctx = n_ctx or min(4096, config.n_ctx_train)
     table = Table(show_header=False, box=None, pad_edge=False)
     for key, value in describe(path, gguf, config, n_ctx):
-        table.add_row(f"[bold]{key}[/bold]", value)
-    Console().print(table)
+        table.add_row(Text(key, style="bold"), Text(value))
+    (console or Console()).print(table)
 
 
 def describe(path, gguf, config, n_ctx: int) -> list[tuple[str, str]]:
@@ -38,7 +38,7 @@ def describe(path, gguf, config, n_ctx: int) -> list[tuple[str, str]]:
     template = meta.get("tokenizer.chat_template")
     rows = [
         ("file", f"{path} ({_mib(weights)})"),
-        ("name", config.name),
+        ("name", printable(config.name)),
         ("architecture", config.arch),
         ("parameters", f"{n_params / 1e6:.1f} M"),
         ("tensor types", ", ".join(f"{name} x{n}" for name, n in types.most_common())),
@@ -50,8 +50,8 @@ def describe(path, gguf, config, n_ctx: int) -> list[tuple[str, str]]:
                  f"{config.n_rot} dims"),
         ("attention", _attention_layout(config)),
         ("context", f"{config.n_ctx_train} trained, {n_ctx} used here"),
-        ("tokenizer", f"{meta.get('tokenizer.ggml.model', '?')} "
-                      f"(pre {meta.get('tokenizer.ggml.pre', 'default')}), "
+        ("tokenizer", f"{printable(meta.get('tokenizer.ggml.model', '?'), 40)} "
+                      f"(pre {printable(meta.get('tokenizer.ggml.pre', 'default'), 40)}), "
                       f"{config.n_vocab} tokens"),
         ("chat template", _first_line(template) if template else "none (ChatML is used)"),
         ("memory", f"weights {_mib(weights)} (memory-mapped) + KV cache {_mib(kv)} "
@@ -71,7 +71,7 @@ def _attention_layout(config) -> str:
 
 def _first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{len(text)} chars: {line[:60]}{'…' if len(line) > 60 else ''}"
+    return f"{len(text)} chars: {printable(line, 60)}"
 
 
 def _numel(shape) -> int:

@@ -1,4 +1,6 @@
-"""Terminal progress for the commands: everything goes to stderr, so stdout stays clean."""
+"""Terminal progress for the commands: everything goes to stderr, so stdout stays clean.
+
+Messages are plain text (rich `Text`), never markup: they hold file names."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 stderr = Console(stderr=True, highlight=False)
 
@@ -62,10 +65,10 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
         return
     from edgeinfer.process import COMPILED
 
-    with stderr.status(message) as spinner:
+    with stderr.status(Text(message)) as spinner:
         def update(text: str) -> None:
             if text.startswith(COMPILED + " "):  # a result worth keeping, not a state
-                stderr.print(text)
-            spinner.update(text)
+                stderr.print(Text(text))
+            spinner.update(Text(text))
 
         yield update

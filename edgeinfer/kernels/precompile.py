@@ -72,15 +72,13 @@ def compile_layer_kernels(flash_attn: bool) -> None:
 def compile_products(model: str) -> None:
     """The model's matrix products and activation quantizers in the reverse of the order in
     which the load compiles them (layers.layer_table, then the output head at the warm-up)."""
-    from edgeinfer.arch import get_arch
-    from edgeinfer.gguf_file import GGUFFile
     from edgeinfer.kernels import native
     from edgeinfer.layers import LINEARS
+    from edgeinfer.validate import open_model
     from edgeinfer.weights import load_weights
 
-    gguf = GGUFFile(model)
-    arch = get_arch(gguf.metadata["general.architecture"])
-    weights = load_weights(gguf, arch.config_from_gguf(gguf.metadata), arch)
+    gguf, arch, config = open_model(model)
+    weights = load_weights(gguf, config, arch)
     formats = [getattr(b, name).fmt for b in weights.blocks for name in LINEARS]
     for fmt in dict.fromkeys([weights.output.fmt] + formats[::-1]):
         native.address(fmt.act.quantize, "quantize")

@@ -1,7 +1,8 @@
 """`edgeinfer serve`: a llama-server and OpenAI compatible HTTP API (needs the 'serve' extra).
 
 `serve()` binds the socket first, then loads the model in the engine thread, so `/health`
-answers 503 while the model loads and 200 once it is ready.
+answers 503 while the model loads and 200 once it is ready. Port 0 binds a port the system
+picks; the "listening on http://HOST:PORT" line on stderr names the one it got.
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
     config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics,
                                    max_body_bytes=max_body_bytes,
                                    sse_ping_interval=sse_ping_interval))
-    bound_host, bound_port = sock.getsockname()[:2]
-    log.info("listening on http://%s:%d (loading %s)", bound_host, bound_port, model_path)
+    log.info("listening on %s (loading %s)", _url(sock), model_path)
     engine.start()
     try:
         server.run(sockets=[sock])
@@ -76,6 +76,12 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _url(sock: socket.socket) -> str:
+    """http://HOST:PORT of a bound socket: the real port when it was bound to port 0."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _setup_logging() -> None:

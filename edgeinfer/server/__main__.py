@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="llama-server and OpenAI compatible HTTP API")
     p.add_argument("model", type=Path)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080,
+                   help="0: a free port, named in the 'listening on' line")
     p.add_argument("-c", "--ctx-size", type=int, default=0, dest="n_ctx")
     p.add_argument("-np", "--parallel", type=int, default=-1, help="slots; -1: auto (4)")
     p.add_argument("--api-key", default=None)

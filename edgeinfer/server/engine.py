@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, ModelFault
 from edgeinfer.generate import StopMatcher
 from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs
 from edgeinfer.server.errors import ApiError
@@ -251,7 +251,11 @@ class Engine(threading.Thread):
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
         for i, slot in enumerate(owners):
-            self._on_logits(slot, self.logits[i], now)
+            try:
+                self._on_logits(slot, self.logits[i], now)
+            except ModelFault as exc:  # NaN logits: this request fails, the batch goes on
+                log.error("slot %d: task %d failed: %s", slot.id, slot.job.id, exc)
+                self._fail(slot, ApiError(500, str(exc)))
 
     # -- admission -----------------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -440,12 +444,16 @@ class Engine(threading.Thread):
         slot.last_used = time.perf_counter()
         self.tree.set(slot.id, slot.cache)
 
+    def _fail(self, slot: Slot, error: ApiError) -> None:
+        """End the slot's job with an error; its KV cells are not trusted again."""
+        slot.job.sink(ErrorEvent(error))
+        slot.cache = []
+        self._release(slot)
+
     def _fail_all(self, error: ApiError) -> None:
         for slot in self.slots:
             if slot.job is not None:
-                slot.job.sink(ErrorEvent(error))
-                slot.cache = []
-                self._release(slot)
+                self._fail(slot, error)
 
 
 def slot_probs(row: np.ndarray, token: int, n_probs: int) -> TokenProbs:
