@@ -37,13 +37,15 @@ from edgeinfer.server.errors import (
 )
 from edgeinfer.server.json_body import MAX_BODY_BYTES, read_json_body
 from edgeinfer.server.metrics import Scraper
+from edgeinfer.server.openapi import openapi_schema
 from edgeinfer.server.params import (
     GenParams,
     PromptPiece,
     parse_chat,
     parse_completion,
     parse_messages,
-    parse_prompts,
+    parse_token_ids,
+    parse_tokenize,
 )
 
 log = logging.getLogger("edgeinfer.server")
@@ -396,19 +398,13 @@ async def chat(server: Server, request: Request) -> Response:
 
 # -- utility routes ------------------------------------------------------------------------
 async def tokenize(server: Server, request: Request) -> Response:
-    body = await read_json(server, request)
-    content = body.get("content")
-    if not isinstance(content, (str, list)):
-        raise bad_request("'content' must be a string or an array")
-    tok = server.model.tokenizer
-    add_special, parse_special = body.get("add_special", False), body.get("parse_special", True)
-    if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
-        raise bad_request("'add_special' and 'parse_special' must be booleans")
-    if isinstance(content, str):
-        ids = tok.encode(content, add_special=add_special, parse_special=parse_special)
+    req = parse_tokenize(await read_json(server, request))
+    if isinstance(req.content, str):
+        ids = server.model.tokenizer.encode(req.content, add_special=req.add_special,
+                                            parse_special=req.parse_special)
     else:
-        ids = encode_prompt(server, parse_prompts(content)[0]) if content else []
-    if not body.get("with_pieces"):
+        ids = encode_prompt(server, req.content)
+    if not req.with_pieces:
         return JSONResponse({"tokens": ids})
     return JSONResponse({"tokens": [{"id": i, "piece": _piece_json(server.piece(i))}
                                     for i in ids]})
@@ -422,12 +418,9 @@ def _piece_json(data: bytes) -> str | list[int]:
 
 
 async def detokenize(server: Server, request: Request) -> Response:
-    tokens = (await read_json(server, request)).get("tokens", [])
-    n_vocab = server.model.tokenizer.n_vocab
-    if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
-        raise bad_request("'tokens' must be an array of token ids in the vocabulary")
-    return JSONResponse({"content": server.model.tokenizer.decode(tokens, special=True)})
+    tok = server.model.tokenizer
+    tokens = parse_token_ids(await read_json(server, request), tok.n_vocab)
+    return JSONResponse({"content": tok.decode(tokens, special=True)})
 
 
 async def apply_template(server: Server, request: Request) -> Response:
@@ -513,6 +506,11 @@ async def metrics(server: Server, request: Request) -> Response:
                              media_type="text/plain; version=0.0.4")
 
 
+async def openapi(server: Server, request: Request) -> Response:
+    return JSONResponse(openapi_schema(server.model.tokenizer.n_vocab, server.engine.n_slots,
+                                       server.metrics, bool(server.api_keys), PUBLIC))
+
+
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/health", health), ("GET", "/v1/health", health),
     ("GET", "/models", models), ("GET", "/v1/models", models),
@@ -522,7 +520,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/completions", oai_completion),
     ("POST", "/chat/completions", chat), ("POST", "/v1/chat/completions", chat),
     ("POST", "/tokenize", tokenize), ("POST", "/detokenize", detokenize),
-    ("POST", "/apply-template", apply_template),
+    ("POST", "/apply-template", apply_template), ("GET", "/openapi.json", openapi),
 ]
 
 

@@ -98,12 +98,16 @@ def _integer(body: dict, key: str, default: int, lo: int = -INT32_MAX - 1,
     return value
 
 
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _boolean(body: dict, key: str, default: bool) -> bool:
     value = body.get(key)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean, got {value!r}")
+        raise bad_request(f"'{key}' must be a boolean, got {value!r:.40}")
     return value
 
 
@@ -158,7 +162,7 @@ def gen_params(body: dict, n_probs: int = 0) -> GenParams:
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
         if body.get(key) is not None:
             n_predict = _integer(body, key, N_PREDICT, -1)
-    stream_options = body.get("stream_options") or {}
+    stream_options = _default(body.get("stream_options"), {})
     if not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object")
     n_probs = _integer(body, "n_probs", n_probs, 0, 100)
@@ -221,8 +225,38 @@ def parse_completion(body: dict, oai: bool) -> CompletionRequest:
         for key in ("best_of", "suffix"):
             if body.get(key) is not None:
                 raise bad_request(f"Unsupported param: {key}")
-        n_probs = _integer(body, "logprobs", 0)
+        n_probs = _integer(body, "logprobs", 0, 0, 100)
     return CompletionRequest(parse_prompts(body.get("prompt")), gen_params(body, n_probs))
+
+
+# -- tokenizer routes -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """/tokenize: text (tokenized as given) or prompt pieces (as a completion prompt)."""
+
+    content: str | list[PromptPiece]
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+def parse_tokenize(body: dict) -> TokenizeRequest:
+    content = body.get("content")
+    if not isinstance(content, (str, list)):
+        raise bad_request("'content' must be a string or an array")
+    pieces = content if isinstance(content, str) or not content else _prompt_pieces(content)
+    return TokenizeRequest(pieces, _boolean(body, "add_special", False),
+                           _boolean(body, "parse_special", True),
+                           _boolean(body, "with_pieces", False))
+
+
+def parse_token_ids(body: dict, n_vocab: int) -> list[int]:
+    """/detokenize's `tokens`: ids in the vocabulary; absent or null: none."""
+    tokens = _default(body.get("tokens"), [])
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+        raise bad_request("'tokens' must be an array of token ids in the vocabulary")
+    return tokens
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -266,8 +300,8 @@ def parse_chat(body: dict) -> ChatRequest:
     top = body.get("top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("top_logprobs requires logprobs to be set to true")
-    n_probs = _integer(body, "top_logprobs", 0) if logprobs else 0
-    kwargs = body.get("chat_template_kwargs") or {}
+    n_probs = _integer(body, "top_logprobs", 0, 0, 100) if logprobs else 0
+    kwargs = _default(body.get("chat_template_kwargs"), {})
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object")
     for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
