@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer.server.json_body import MAX_DEPTH
-from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, RESERVED_TEMPLATE_KWARGS
+from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, RESERVED_TEMPLATE_KWARGS, UNSUPPORTED
 
 JSON = "application/json"
 SSE = "text/event-stream"
+EMPTY = {"enum": ["", 0, False, [], {}]}  # what an unsupported field may be (params.py)
 
 
 def _ref(name: str) -> dict:
@@ -58,6 +59,9 @@ def _generation_fields(n_slots: int) -> dict:
         "sse_ping_interval": {"type": "number", "minimum": -1, "maximum": INT32_MAX,
                               "description": "seconds, at least 1; <= 0: no pings"},
         "n": {"const": 1}, "n_cmpl": {"const": 1},
+        # refused unless empty (params._reject_unsupported): a constraint silently ignored
+        # would be worse than a 400
+        **{key: EMPTY for key in UNSUPPORTED},
     }
 
 
@@ -68,7 +72,10 @@ def _prompt(n_vocab: int) -> dict:
                       "items": {"anyOf": [token, {"type": "string"}]}}]}
     many = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
             "items": {"anyOf": [{"type": "string"}, one["anyOf"][1]]}}
-    return {"anyOf": [*one["anyOf"], many]}
+    # an array of more than MAX_PROMPTS strings (or arrays) is that many prompts: refused
+    too_many = {"type": "array", "minItems": MAX_PROMPTS + 1,
+                "items": {"type": ["string", "array"]}}
+    return {"anyOf": [*one["anyOf"], many], "not": too_many}
 
 
 def _message() -> dict:
@@ -93,18 +100,24 @@ def _request_schemas(n_vocab: int, n_slots: int) -> dict:
     messages = {"type": "array", "minItems": 1, "items": _ref("Message")}
     template_kwargs = {"type": "object",
                        "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}
+    top_logprobs_needs_logprobs = {
+        "if": {"required": ["top_logprobs"],
+               "properties": {"top_logprobs": {"not": {"type": "null"}}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
     return {name: _null_is_default(schema) for name, schema in {
         "Message": _message(),
         "CompletionRequest": _obj({"prompt": _prompt(n_vocab), **gen}, ("prompt",)),
         "OaiCompletionRequest": _obj(
             {"prompt": _prompt(n_vocab), "model": {"type": "string"},
-             "echo": {"const": False}, "logprobs": _int(0, 100), **gen}, ("prompt",)),
+             "echo": {"const": False}, "logprobs": _int(0, 100), "best_of": {"type": "null"},
+             "suffix": {"type": "null"}, **gen}, ("prompt",)),
         "ChatRequest": _obj(
             {"messages": messages, "model": {"type": "string"}, "logprobs": {"type": "boolean"},
              "top_logprobs": _int(0, 100, description="needs logprobs: true"),
              "response_format": _obj({"type": {"const": "text"}}, ("type",)),
              "chat_template_kwargs": template_kwargs,
-             "add_generation_prompt": {"type": "boolean"}, **gen}, ("messages",)),
+             "add_generation_prompt": {"type": "boolean"}, "tools": EMPTY, **gen},
+            ("messages",), **top_logprobs_needs_logprobs),
         "TokenizeRequest": _obj(
             {"content": {"anyOf": [{"type": "string"}, _prompt(n_vocab)["anyOf"][1],
                                    {"type": "array", "maxItems": 0}]},

@@ -220,7 +220,7 @@ def parse_completion(body: dict, oai: bool) -> CompletionRequest:
     """/completion (native) or /v1/completions (OpenAI: `logprobs: N` means n_probs)."""
     n_probs = 0
     if oai:
-        if body.get("echo"):
+        if _boolean(body, "echo", False):
             raise bad_request("Only no echo is supported")
         for key in ("best_of", "suffix"):
             if body.get(key) is not None:
