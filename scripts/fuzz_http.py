@@ -6,8 +6,9 @@ operation and mode in CI).
 Starts `edgeinfer serve` on a tiny model (or --model), then, for every operation in its
 /openapi.json, sends -n valid and -n invalid requests drawn by schemathesis
 (tests/http_fuzz.py). A failed operation does not stop the run: its shrunk failure is listed
-in the JSON summary, with the statuses counted per operation and mode, and whether the
-server's log holds a traceback. Exit status 1 if anything failed.
+in the JSON summary, with the statuses counted per operation and mode, whether the server's
+log holds a traceback, and the commonest refusals of valid requests (where the description
+is looser than the server: a prompt over the context, say). Exit status 1 if anything failed.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ def main() -> int:
 
 
 def run(server: ServerProcess, n_cases: int, seed_value: int) -> dict:
-    start, statuses, failures = time.monotonic(), {}, []
+    start, statuses, failures, refusals = time.monotonic(), {}, [], Counter()
     for mode, generation in MODES.items():
         for operation in operations(server.url):
             if mode == "invalid" and not has_input(operation):
                 continue
             key = f"{mode} {operation.label}"
             try:
-                counts = fuzz_operation(server.url, operation, generation, n_cases, seed_value)
+                counts = fuzz_operation(server.url, operation, generation, n_cases, seed_value,
+                                        refusals if mode == "valid" else None)
             except Exception as exc:  # noqa: BLE001 - listed, and the run goes on
                 failures.append({"operation": key, "error": str(exc)[:2000]})
                 counts = Counter()
@@ -66,7 +68,8 @@ def run(server: ServerProcess, n_cases: int, seed_value: int) -> dict:
     return {"seed": seed_value, "cases_per_operation": n_cases,
             "requests": sum(sum(c.values()) for c in statuses.values()),
             "seconds": round(time.monotonic() - start, 1), "statuses": statuses,
-            "failures": failures, "traceback_in_log": "Traceback" in server.log_text()}
+            "failures": failures, "traceback_in_log": "Traceback" in server.log_text(),
+            "valid_requests_refused": dict(refusals.most_common(20))}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ fail_on_no_slot while every slot is busy), and every request must be answered wi
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -66,9 +67,10 @@ def has_input(operation) -> bool:
 
 
 def fuzz_operation(url: str, operation, mode: GenerationMode, n_cases: int,
-                   seed_value: int | None = None) -> Counter:
+                   seed_value: int | None = None, refusals: Counter | None = None) -> Counter:
     """Send up to `n_cases` requests for `operation`; the replies' statuses, counted. A failed
-    check raises (after hypothesis has shrunk the case); `seed_value` None: derandomized."""
+    check raises (after hypothesis has shrunk the case); `seed_value` None: derandomized.
+    `refusals` counts the error messages of 4xx replies (numbers masked)."""
     statuses: Counter = Counter()
     documented = operation.definition.raw["responses"]
 
@@ -80,9 +82,18 @@ def fuzz_operation(url: str, operation, mode: GenerationMode, n_cases: int,
         response = case.call(base_url=url, timeout=TIMEOUT_S)
         status = response.status_code
         statuses[status] += 1
+        if refusals is not None and 400 <= status < 500:
+            refusals[re.sub(r"\d+", "N", _error_message(response))[:100]] += 1
         assert status < 500 or (status == 501 and "501" in documented) or \
             (status == 503 and case.path == "/slots"), f"{status}: {response.text[:300]}"
         case.validate_response(response, checks=CHECKS[mode])
 
     (run if seed_value is None else seed(seed_value)(run))()
     return statuses
+
+
+def _error_message(response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text

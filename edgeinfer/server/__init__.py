@@ -8,6 +8,7 @@ picks; the "listening on http://HOST:PORT" line on stderr names the one it got.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
     llama.cpp's -fa on attention numerics; a request body over `max_body_bytes` gets 413;
     `sse_ping_interval` is the seconds between SSE keep-alive comments when a request does
     not set its own (<= 0: none)."""
+    if max_body_bytes < 1 or not math.isfinite(sse_ping_interval):
+        raise EdgeInferError("--max-body-bytes must be >= 1 and --sse-ping-interval finite")
     import uvicorn
 
     from edgeinfer.server.app import Server, create_app
