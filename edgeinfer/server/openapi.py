@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeinfer import __version__
 from edgeinfer.server.json_body import MAX_DEPTH
 from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, RESERVED_TEMPLATE_KWARGS, UNSUPPORTED
 
@@ -238,7 +239,7 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
         paths[alias] = paths[path]
     schema = {
         "openapi": "3.1.0",
-        "info": {"title": "edgeinfer", "version": "0.1.0",
+        "info": {"title": "edgeinfer", "version": __version__,
                  "description": f"llama-server and OpenAI compatible API. Request bodies: "
                                 f"strict JSON, at most {MAX_DEPTH} levels deep."},
         "paths": paths,

@@ -111,6 +111,13 @@ def _boolean(body: dict, key: str, default: bool) -> bool:
     return value
 
 
+def _check_model(body: dict) -> None:
+    """`model` names the model on the OpenAI routes; this server has one, so any name is
+    fine, but it must be a name."""
+    if not isinstance(body.get("model", ""), (str, type(None))):
+        raise bad_request(f"'model' must be a string, got {body['model']!r:.40}")
+
+
 def _stop(body: dict) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
@@ -226,6 +233,7 @@ def parse_completion(body: dict, oai: bool) -> CompletionRequest:
             if body.get(key) is not None:
                 raise bad_request(f"Unsupported param: {key}")
         n_probs = _integer(body, "logprobs", 0, 0, 100)
+        _check_model(body)
     return CompletionRequest(parse_prompts(body.get("prompt")), gen_params(body, n_probs))
 
 
@@ -296,6 +304,7 @@ def parse_chat(body: dict) -> ChatRequest:
         raise bad_request("response_format: only {\"type\": \"text\"} is supported")
     if body.get("tools"):
         raise bad_request("'tools' are not supported by this server")
+    _check_model(body)
     logprobs = _boolean(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is not None and not logprobs:
