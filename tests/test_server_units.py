@@ -76,7 +76,8 @@ def test_prompt_shapes():
     assert parse_prompts([1, "a", 2]) == [[1, "a", 2]]
     assert parse_prompts(["a", "b"]) == [["a"], ["b"]]
     assert parse_prompts([[1, 2], "b"]) == [[1, 2], ["b"]]
-    for bad in (None, 3, [], [True], {"a": 1}):
+    assert parse_prompts([5.0, "a"]) == [[5, "a"]]  # an integral number is an id
+    for bad in (None, 3, [], [True], [1.5], {"a": 1}):
         with pytest.raises(ApiError):
             parse_prompts(bad)
 

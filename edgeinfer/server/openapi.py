@@ -68,11 +68,12 @@ def _generation_fields(n_slots: int) -> dict:
 
 def _prompt(n_vocab: int) -> dict:
     token = _int(0, n_vocab - 1)
-    one = {"anyOf": [{"type": "string"},
+    text = {"type": "string", "minLength": 1}  # "" is no prompt (400: the prompt is empty)
+    one = {"anyOf": [text,
                      {"type": "array", "minItems": 1,
                       "items": {"anyOf": [token, {"type": "string"}]}}]}
     many = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
-            "items": {"anyOf": [{"type": "string"}, one["anyOf"][1]]}}
+            "items": {"anyOf": [text, one["anyOf"][1]]}}
     # an array of more than MAX_PROMPTS strings (or arrays) is that many prompts: refused
     too_many = {"type": "array", "minItems": MAX_PROMPTS + 1,
                 "items": {"type": ["string", "array"]}}
@@ -240,8 +241,10 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
     schema = {
         "openapi": "3.1.0",
         "info": {"title": "edgeinfer", "version": __version__,
-                 "description": f"llama-server and OpenAI compatible API. Request bodies: "
-                                f"strict JSON, at most {MAX_DEPTH} levels deep."},
+                 "description": "llama-server and OpenAI compatible API. Request bodies "
+                                "are strict JSON: no NaN or Infinity, integers within 64 "
+                                "bits, strings valid Unicode (no lone surrogates), at most "
+                                f"{MAX_DEPTH} levels deep."},
         "paths": paths,
         "components": {"schemas": {**_request_schemas(n_vocab, n_slots), **_reply_schemas()}},
     }

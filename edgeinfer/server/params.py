@@ -195,13 +195,23 @@ def _ping_interval(body: dict) -> float | None:
 
 
 # -- prompts --------------------------------------------------------------------------------
+def _as_id(value: Any) -> Any:
+    """An integral number as an int (JSON Schema's integer: 5.0 is one, as `_integer`
+    reads it); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _prompt_pieces(value: Any) -> list[PromptPiece]:
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and value and all(
-            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
-            for p in value):
-        return list(value)
+    if isinstance(value, list) and value:
+        pieces = [_as_id(p) for p in value]
+        if all(isinstance(p, str) or _is_id(p) for p in pieces):
+            return pieces
     raise bad_request("'prompt' must be a string, an array of token ids or strings, "
                       "or an array of those")
 
@@ -261,8 +271,8 @@ def parse_tokenize(body: dict) -> TokenizeRequest:
 def parse_token_ids(body: dict, n_vocab: int) -> list[int]:
     """/detokenize's `tokens`: ids in the vocabulary; absent or null: none."""
     tokens = _default(body.get("tokens"), [])
-    if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+    tokens = [_as_id(t) for t in tokens] if isinstance(tokens, list) else None
+    if tokens is None or not all(_is_id(t) and 0 <= t < n_vocab for t in tokens):
         raise bad_request("'tokens' must be an array of token ids in the vocabulary")
     return tokens
 
