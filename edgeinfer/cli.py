@@ -159,6 +159,10 @@ def serve(
     alias: str | None = typer.Option(None, "-a", "--alias", help="Model name in the API."),
     cache_ram: int = typer.Option(1024, "-cram", "--cache-ram",
                                   help="MiB of RAM for prompts no slot holds any more (0: off)."),
+    max_body_bytes: int = typer.Option(64 << 20, "--max-body-bytes",
+                                       help="Larger request bodies get 413 (default 64 MiB)."),
+    sse_ping_interval: float = typer.Option(
+        30.0, "--sse-ping-interval", help="Seconds between SSE keep-alive comments (<= 0: none)."),
 ) -> None:
     """Serve a llama-server and OpenAI compatible HTTP API."""
     def start() -> None:
@@ -171,7 +175,8 @@ def serve(
                 "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
         serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
                    parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
-                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn))
+                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn),
+                   max_body_bytes=max_body_bytes, sse_ping_interval=sse_ping_interval)
 
     _guard(start)
 

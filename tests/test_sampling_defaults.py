@@ -88,8 +88,10 @@ def test_server_request_defaults(parse):
 
 
 def test_server_reads_every_sampling_field():
-    """A request field under each dataclass name reaches SamplingParams."""
+    """A request field under each dataclass name reaches SamplingParams (floats are moved
+    within [0, 1], where top_p and min_p are not clamped)."""
     for name, default in FIELDS.items():
-        value = 7 if default is None else default + 1
+        value = 7 if default is None else default + 1 if isinstance(default, int) \
+            else default / 2 + 0.25
         sampling = parse_completion({"prompt": "x", name: value}, oai=False).params.sampling
         assert getattr(sampling, name) == value, name

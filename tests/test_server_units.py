@@ -76,7 +76,8 @@ def test_prompt_shapes():
     assert parse_prompts([1, "a", 2]) == [[1, "a", 2]]
     assert parse_prompts(["a", "b"]) == [["a"], ["b"]]
     assert parse_prompts([[1, 2], "b"]) == [[1, 2], ["b"]]
-    for bad in (None, 3, [], [True], {"a": 1}):
+    assert parse_prompts([5.0, "a"]) == [[5, "a"]]  # an integral number is an id
+    for bad in (None, 3, [], [True], [1.5], {"a": 1}):
         with pytest.raises(ApiError):
             parse_prompts(bad)
 
@@ -155,3 +156,19 @@ def test_prompt_cache_never_evicts_the_entry_about_to_be_restored():
     cache.restore(entry, 1, n)
     cache.save(0, new)  # without a restore pending it replaces the old entry
     assert not cache.holds(entry) and len(cache.entries) == 1
+
+
+# -- the OpenAPI description ---------------------------------------------------------------
+def test_openapi_describes_every_route():
+    from edgeinfer.server.app import PUBLIC, ROUTES
+    from edgeinfer.server.openapi import openapi_schema
+
+    schema = openapi_schema(n_vocab=100, n_slots=2, api_key=True, public=PUBLIC)
+    described = {(method.lower(), path) for path, item in schema["paths"].items()
+                 for method in item}
+    assert described == {(method.lower(), path) for method, path, _ in ROUTES}
+    for path, item in schema["paths"].items():
+        for op in item.values():
+            assert ("401" in op["responses"]) == (path not in PUBLIC), path
+    prompt = schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    assert prompt["anyOf"][1]["items"]["anyOf"][0]["maximum"] == 99  # a token id

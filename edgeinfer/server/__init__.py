@@ -8,6 +8,7 @@ picks; the "listening on http://HOST:PORT" line on stderr names the one it got.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import sys
 from pathlib import Path
@@ -20,12 +21,17 @@ log = logging.getLogger("edgeinfer.server")
 def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: int = 0,
           parallel: int = 1, api_key: str | None = None, threads: int | None = None,
           metrics: bool = False, alias: str | None = None, cache_ram: int = 1024,
-          flash_attn: bool = False) -> None:
+          flash_attn: bool = False, max_body_bytes: int = 64 << 20,
+          sse_ping_interval: float = 30.0) -> None:
     """Serve `model_path` until interrupted (blocking). `api_key` may list several keys,
     comma-separated; `parallel` is the number of slots (sequences batched together);
     `n_ctx` is the context of each slot (0: min(4096, the model's)); `cache_ram` is the MiB
     of RAM for the KV of sequences no slot holds any more (0: none); `flash_attn` selects
-    llama.cpp's -fa on attention numerics."""
+    llama.cpp's -fa on attention numerics; a request body over `max_body_bytes` gets 413;
+    `sse_ping_interval` is the seconds between SSE keep-alive comments when a request does
+    not set its own (<= 0: none)."""
+    if max_body_bytes < 1 or not math.isfinite(sse_ping_interval):
+        raise EdgeInferError("--max-body-bytes must be >= 1 and --sse-ping-interval finite")
     import uvicorn
 
     from edgeinfer.server.app import Server, create_app
@@ -44,7 +50,9 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
     engine = Engine(Path(model_path), n_ctx, parallel if parallel > 0 else 4, threads, on_fail,
                     cache_ram, flash_attn)
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
-    config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics))
+    config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics,
+                                   max_body_bytes=max_body_bytes,
+                                   sse_ping_interval=sse_ping_interval))
     log.info("listening on %s (loading %s)", _url(sock), model_path)
     engine.start()
     try:

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="MiB of RAM for prompts no slot holds any more (0: off)")
     p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="off",
                    help="flash attention, llama.cpp's -fa on numerics (auto: off)")
+    p.add_argument("--max-body-bytes", type=int, default=64 << 20,
+                   help="larger request bodies get 413 (default: 64 MiB)")
+    p.add_argument("--sse-ping-interval", type=float, default=30.0,
+                   help="seconds between SSE keep-alive comments (<= 0: none)")
     args = p.parse_args(argv)
     from edgeinfer.server import serve
 
@@ -33,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
               parallel=args.parallel, api_key=args.api_key, threads=args.threads,
               metrics=args.metrics, alias=args.alias, cache_ram=args.cache_ram,
-              flash_attn=args.flash_attn == "on")
+              flash_attn=args.flash_attn == "on", max_body_bytes=args.max_body_bytes,
+              sse_ping_interval=args.sse_ping_interval)
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,6 @@ exceptions into the OpenAI-shaped error envelope.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
@@ -23,10 +22,11 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.server import responses as fmt
-from edgeinfer.server.engine import Engine, ErrorEvent, FinalEvent, Job
+from edgeinfer.server.engine import Engine, ErrorEvent, FinalEvent, Job, TokenEvent
 from edgeinfer.server.errors import (
     BAD_KEY,
     LOADING,
@@ -35,14 +35,17 @@ from edgeinfer.server.errors import (
     bad_request,
     context_exceeded,
 )
+from edgeinfer.server.json_body import MAX_BODY_BYTES, read_json_body
 from edgeinfer.server.metrics import Scraper
+from edgeinfer.server.openapi import openapi_schema
 from edgeinfer.server.params import (
     GenParams,
     PromptPiece,
     parse_chat,
     parse_completion,
     parse_messages,
-    parse_prompts,
+    parse_token_ids,
+    parse_tokenize,
 )
 
 log = logging.getLogger("edgeinfer.server")
@@ -59,6 +62,8 @@ class Server:
     alias: str | None = None
     api_keys: tuple[str, ...] = ()
     metrics: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
+    sse_ping_interval: float = 30.0  # the default of the requests' sse_ping_interval
     start_time: float = field(default_factory=time.time)
 
     @property
@@ -81,14 +86,15 @@ class Server:
     def piece(self, token: int) -> bytes:
         return self.model.tokenizer.token_to_piece(token, special=True)
 
+    def ping_interval(self, params: GenParams) -> float:
+        """The request's sse_ping_interval, else the server's; <= 0: no pings."""
+        value = params.sse_ping_interval
+        return self.sse_ping_interval if value is None else value
+
 
 # -- request plumbing ----------------------------------------------------------------------
-async def read_json(request: Request) -> dict:
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"Invalid JSON in request body: {exc}") from None
+async def read_json(server: Server, request: Request) -> dict:
+    body = await read_json_body(request, server.max_body_bytes)
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     return body
@@ -116,6 +122,14 @@ def error_response(exc: Exception) -> JSONResponse:
 Handler = Callable[[Server, Request], Awaitable[Response]]
 
 
+class ClientGone(Exception):
+    """The client hung up while its (non-stream) reply was being generated."""
+
+    def __init__(self, n_tokens: int):
+        super().__init__(f"client disconnected after {n_tokens} tokens")
+        self.n_tokens = n_tokens
+
+
 def _endpoint(server: Server, path: str, handler: Handler):
     async def route(request: Request) -> Response:
         try:
@@ -124,6 +138,11 @@ def _endpoint(server: Server, path: str, handler: Handler):
             if server.api_keys and path not in PUBLIC:
                 _check_key(server, request)
             return await handler(server, request)
+        except (ClientGone, ClientDisconnect) as exc:  # nobody reads a reply: one log line
+            n_tokens = exc.n_tokens if isinstance(exc, ClientGone) else 0
+            log.info("client disconnected: %s %s after %d tokens", request.method, path,
+                     n_tokens)
+            return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - the one place errors become replies
             return error_response(exc)
     return route
@@ -201,6 +220,9 @@ class Run:
         self.jobs = [Job(ids, params, self._sink(server.mailbox, i))
                      for i, ids in enumerate(prompts)]
         self.open = set(range(len(self.jobs)))
+        self.n_tokens = 0  # token events delivered so far, all jobs together
+        self.finished = False  # the whole reply was sent
+        self.client_gone = False  # the client hung up (non-stream: seen by the watcher)
         self._getter: asyncio.Future | None = None
         for job in self.jobs:
             self.engine.submit(job)
@@ -217,10 +239,15 @@ class Run:
         done, _ = await asyncio.wait({self._getter}, timeout=timeout)
         if not done:
             return None
-        index, event = self._getter.result()
-        self._getter = None
+        getter, self._getter = self._getter, None
+        if getter.cancelled():  # cancel() ran meanwhile: the client went away
+            self.client_gone = True
+            raise ClientGone(self.n_tokens)
+        index, event = getter.result()
         if isinstance(event, (FinalEvent, ErrorEvent)):
             self.open.discard(index)
+        elif isinstance(event, TokenEvent):
+            self.n_tokens += 1
         return index, event
 
     def cancel(self) -> None:
@@ -234,6 +261,7 @@ class Run:
 async def _watch_disconnect(request: Request, run: Run) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    run.client_gone = True
     run.cancel()
 
 
@@ -250,13 +278,37 @@ async def collect(request: Request, run: Run) -> list[fmt.Result]:
     finally:
         watcher.cancel()
         run.cancel()
+    if run.client_gone:
+        raise ClientGone(run.n_tokens)
+    run.finished = True
     return results
 
 
 Chunker = Callable[[int, Any], list[dict]]
 
 
-def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> StreamingResponse:
+class EventStream(StreamingResponse):
+    """The SSE reply of a Run. A client that hangs up cancels the Run's jobs and costs one
+    log line: starlette cancels the body when it hears `http.disconnect` (ASGI < 2.4, as
+    uvicorn speaks), or the send fails with OSError / ClientDisconnect (ASGI >= 2.4)."""
+
+    def __init__(self, run: Run, body: AsyncIterator[str]):
+        super().__init__(body, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.run = run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (OSError, ClientDisconnect):
+            pass
+        finally:
+            self.run.cancel()
+        if not self.run.finished:
+            log.info("client disconnected: %s %s after %d tokens", scope["method"],
+                     scope["path"], self.run.n_tokens)
+
+
+def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> EventStream:
     """SSE: each event's chunks as `data:` lines, `:` pings while nothing comes, `[DONE]`
     on the /v1 routes. Closing the connection cancels the remaining jobs."""
     timeout = ping if ping > 0 else None
@@ -271,20 +323,22 @@ def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> Streami
                 index, event = item
                 if isinstance(event, ErrorEvent):
                     yield fmt.sse(event.error.body())
-                    return
+                    break
                 yield "".join(fmt.sse(c) for c in chunks(index, event))
-            if done_marker:
-                yield fmt.sse("[DONE]")
+            else:
+                if done_marker:
+                    yield fmt.sse("[DONE]")
+            run.finished = True
         finally:
             run.cancel()
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(run, body())
 
 
 # -- generation routes ---------------------------------------------------------------------
 async def completion(server: Server, request: Request) -> Response:
     """POST /completion: llama-server's native API."""
-    req = parse_completion(await read_json(request), oai=False)
+    req = parse_completion(await read_json(server, request), oai=False)
     prompts = await encode_prompts(server, req.prompts)
     for ids in prompts:
         check_prompt(server, ids)
@@ -300,7 +354,7 @@ async def completion(server: Server, request: Request) -> Response:
             if isinstance(event, FinalEvent):
                 return [fmt.native_reply(results[index], index, ctxs[index], stream=True)]
             return [fmt.native_token_chunk(event, index, len(prompts[index]), ctxs[index])]
-        return stream(run, chunks, False, req.params.sse_ping_interval)
+        return stream(run, chunks, False, server.ping_interval(req.params))
     results = await collect(request, run)
     replies = [fmt.native_reply(r, i, ctxs[i], stream=False) for i, r in enumerate(results)]
     return JSONResponse(replies[0] if len(replies) == 1 else replies)
@@ -308,7 +362,7 @@ async def completion(server: Server, request: Request) -> Response:
 
 async def oai_completion(server: Server, request: Request) -> Response:
     """POST /v1/completions."""
-    req = parse_completion(await read_json(request), oai=True)
+    req = parse_completion(await read_json(server, request), oai=True)
     prompts = await encode_prompts(server, req.prompts)
     for ids in prompts:
         check_prompt(server, ids)
@@ -317,17 +371,15 @@ async def oai_completion(server: Server, request: Request) -> Response:
     if req.params.stream:
         def chunks(index: int, event: Any) -> list[dict]:
             return fmt.oai_completion_chunk(event, index, meta, server.piece)
-        return stream(run, chunks, True, req.params.sse_ping_interval)
+        return stream(run, chunks, True, server.ping_interval(req.params))
     results = await collect(request, run)
     return JSONResponse(fmt.oai_completion_reply(results, meta, server.piece))
 
 
 async def chat(server: Server, request: Request) -> Response:
     """POST /v1/chat/completions."""
-    req = parse_chat(await read_json(request))
-    kwargs = {k: v for k, v in req.template_kwargs.items()
-              if k not in ("messages", "add_generation_prompt")}
-    text = render_chat(server, req.messages, req.add_generation_prompt, **kwargs)
+    req = parse_chat(await read_json(server, request))
+    text = render_chat(server, req.messages, req.add_generation_prompt, **req.template_kwargs)
     ids = await asyncio.to_thread(server.model.tokenize, text, True, True)
     check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
@@ -339,26 +391,20 @@ async def chat(server: Server, request: Request) -> Response:
             head = [] if started else [fmt.chat_role_chunk(meta)]
             started.append(True)
             return head + fmt.chat_chunks(event, meta, server.piece, req.params.include_usage)
-        return stream(run, chunks, True, req.params.sse_ping_interval)
+        return stream(run, chunks, True, server.ping_interval(req.params))
     results = await collect(request, run)
     return JSONResponse(fmt.chat_reply(results[0], meta, server.piece, req.logprobs))
 
 
 # -- utility routes ------------------------------------------------------------------------
 async def tokenize(server: Server, request: Request) -> Response:
-    body = await read_json(request)
-    content = body.get("content")
-    if not isinstance(content, (str, list)):
-        raise bad_request("'content' must be a string or an array")
-    tok = server.model.tokenizer
-    add_special, parse_special = body.get("add_special", False), body.get("parse_special", True)
-    if not isinstance(add_special, bool) or not isinstance(parse_special, bool):
-        raise bad_request("'add_special' and 'parse_special' must be booleans")
-    if isinstance(content, str):
-        ids = tok.encode(content, add_special=add_special, parse_special=parse_special)
+    req = parse_tokenize(await read_json(server, request))
+    if isinstance(req.content, str):
+        ids = server.model.tokenizer.encode(req.content, add_special=req.add_special,
+                                            parse_special=req.parse_special)
     else:
-        ids = encode_prompt(server, parse_prompts(content)[0]) if content else []
-    if not body.get("with_pieces"):
+        ids = encode_prompt(server, req.content)
+    if not req.with_pieces:
         return JSONResponse({"tokens": ids})
     return JSONResponse({"tokens": [{"id": i, "piece": _piece_json(server.piece(i))}
                                     for i in ids]})
@@ -372,16 +418,13 @@ def _piece_json(data: bytes) -> str | list[int]:
 
 
 async def detokenize(server: Server, request: Request) -> Response:
-    tokens = (await read_json(request)).get("tokens", [])
-    n_vocab = server.model.tokenizer.n_vocab
-    if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
-        raise bad_request("'tokens' must be an array of token ids in the vocabulary")
-    return JSONResponse({"content": server.model.tokenizer.decode(tokens, special=True)})
+    tok = server.model.tokenizer
+    tokens = parse_token_ids(await read_json(server, request), tok.n_vocab)
+    return JSONResponse({"content": tok.decode(tokens, special=True)})
 
 
 async def apply_template(server: Server, request: Request) -> Response:
-    body = await read_json(request)
+    body = await read_json(server, request)
     return JSONResponse({"prompt": render_chat(server, parse_messages(body.get("messages")))})
 
 
@@ -463,6 +506,11 @@ async def metrics(server: Server, request: Request) -> Response:
                              media_type="text/plain; version=0.0.4")
 
 
+async def openapi(server: Server, request: Request) -> Response:
+    return JSONResponse(openapi_schema(server.model.tokenizer.n_vocab, server.engine.n_slots,
+                                       server.metrics, bool(server.api_keys), PUBLIC))
+
+
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/health", health), ("GET", "/v1/health", health),
     ("GET", "/models", models), ("GET", "/v1/models", models),
@@ -472,14 +520,15 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/completions", oai_completion),
     ("POST", "/chat/completions", chat), ("POST", "/v1/chat/completions", chat),
     ("POST", "/tokenize", tokenize), ("POST", "/detokenize", detokenize),
-    ("POST", "/apply-template", apply_template),
+    ("POST", "/apply-template", apply_template), ("GET", "/openapi.json", openapi),
 ]
 
 
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="edgeinfer", docs_url=None, redoc_url=None, openapi_url=None)
     for method, path, handler in ROUTES:
-        app.add_api_route(path, _endpoint(server, path, handler), methods=[method],
+        methods = [method, "HEAD"] if method == "GET" else [method]  # uvicorn drops HEAD bodies
+        app.add_api_route(path, _endpoint(server, path, handler), methods=methods,
                           include_in_schema=False)
 
     async def not_found(request: Request, exc: StarletteHTTPException) -> Response:

@@ -14,6 +14,7 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "not_found_error",
+    413: "invalid_request_error",
     500: "server_error",
     501: "not_supported_error",
     503: "unavailable_error",

@@ -15,6 +15,14 @@ from edgeinfer.sampling import N_PREDICT, SamplingParams
 from edgeinfer.server.errors import bad_request
 
 SAMPLING = SamplingParams()  # the defaults of the request's sampling fields
+INT32_MAX = 2**31 - 1
+MAX_PROMPTS = 256  # prompts in one request (llama-server: no limit)
+SSE_PING_FLOOR = 1.0  # seconds; llama-server reads sse_ping_interval as whole seconds
+# render_chat's own arguments (and the two Python binds them to): a template kwarg of the
+# same name would collide with them (llama-server lets such kwargs override the template's
+# variables; they are refused here instead).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token",
+                                      "eos_token", "tools", "strip_bos", "template", "self"})
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
 PromptPiece = str | int
@@ -36,7 +44,7 @@ class GenParams:
     include_usage: bool = False  # stream_options.include_usage (OpenAI routes)
     return_tokens: bool = False
     timings_per_token: bool = False
-    sse_ping_interval: float = 30.0
+    sse_ping_interval: float | None = None  # None: the server's --sse-ping-interval
 
 
 @dataclass(frozen=True)
@@ -57,16 +65,27 @@ class ChatRequest:
 
 
 # -- typed field readers --------------------------------------------------------------------
-def _number(body: dict, key: str, default: float) -> float:
+def _number(body: dict, key: str, default: float, lo: float = -math.inf,
+            hi: float = math.inf, clamp: bool = False) -> float:
+    """A finite number in [lo, hi]: outside it, 400, or with `clamp` the nearest bound
+    (llama-server's set_limits, which clamps, and set_hard_limits, which refuses)."""
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise bad_request(f"'{key}' must be a number, got {value!r}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a finite number, got {value!r}")
+    value = float(value)
+    if clamp:
+        return min(max(value, lo), hi)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value:g}")
+    return value
 
 
-def _integer(body: dict, key: str, default: int) -> int:
+def _integer(body: dict, key: str, default: int, lo: int = -INT32_MAX - 1,
+             hi: int = INT32_MAX) -> int:
+    """An integer in [lo, hi] (llama-server reads int32 fields); 400 outside it."""
     value = body.get(key)
     if value is None:
         return default
@@ -74,7 +93,13 @@ def _integer(body: dict, key: str, default: int) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{key}' must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _boolean(body: dict, key: str, default: bool) -> bool:
@@ -82,8 +107,15 @@ def _boolean(body: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean, got {value!r}")
+        raise bad_request(f"'{key}' must be a boolean, got {value!r:.40}")
     return value
+
+
+def _check_model(body: dict) -> None:
+    """`model` names the model on the OpenAI routes; this server has one, so any name is
+    fine, but it must be a name."""
+    if not isinstance(body.get("model", ""), (str, type(None))):
+        raise bad_request(f"'model' must be a string, got {body['model']!r:.40}")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -98,19 +130,17 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _sampling(body: dict) -> SamplingParams:
-    seed = _integer(body, "seed", -1)  # -1 and DEFAULT_SEED spell SAMPLING.seed, None
+    seed = _integer(body, "seed", -1, -1, 2**64 - 1)  # -1 and DEFAULT_SEED: None, random
     if seed == -1 or seed == DEFAULT_SEED:
         seed = None
-    elif seed < 0:
-        raise bad_request(f"'seed' must be >= 0 or -1, got {seed}")
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", SAMPLING.temperature),
-            top_k=_integer(body, "top_k", SAMPLING.top_k),
-            top_p=_number(body, "top_p", SAMPLING.top_p),
-            min_p=_number(body, "min_p", SAMPLING.min_p),
+            temperature=_number(body, "temperature", SAMPLING.temperature, 0.0, clamp=True),
+            top_k=max(_integer(body, "top_k", SAMPLING.top_k), 0),
+            top_p=_number(body, "top_p", SAMPLING.top_p, 0.0, 1.0, clamp=True),
+            min_p=_number(body, "min_p", SAMPLING.min_p, 0.0, 1.0, clamp=True),
             repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
-            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n),
+            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n, -1),
             presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
             frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
             seed=seed)
@@ -138,34 +168,50 @@ def gen_params(body: dict, n_probs: int = 0) -> GenParams:
     n_predict = N_PREDICT
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
         if body.get(key) is not None:
-            n_predict = _integer(body, key, N_PREDICT)
-    if n_predict < -1:
-        raise bad_request(f"'n_predict' must be >= -1, got {n_predict}")
-    stream_options = body.get("stream_options") or {}
+            n_predict = _integer(body, key, N_PREDICT, -1)
+    stream_options = _default(body.get("stream_options"), {})
     if not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object")
-    n_probs = _integer(body, "n_probs", n_probs)
-    if not 0 <= n_probs <= 100:
-        raise bad_request(f"'n_probs' must be between 0 and 100, got {n_probs}")
+    n_probs = _integer(body, "n_probs", n_probs, 0, 100)
     return GenParams(
         sampling=_sampling(body), n_predict=n_predict, stop=_stop(body),
         stream=_boolean(body, "stream", False), n_probs=n_probs, logprobs=n_probs > 0,
         cache_prompt=_boolean(body, "cache_prompt", True),
-        ignore_eos=_boolean(body, "ignore_eos", False), id_slot=_integer(body, "id_slot", -1),
+        ignore_eos=_boolean(body, "ignore_eos", False),
+        id_slot=_integer(body, "id_slot", -1, -1),
         include_usage=_boolean(stream_options, "include_usage", False),
         return_tokens=_boolean(body, "return_tokens", False),
         timings_per_token=_boolean(body, "timings_per_token", False),
-        sse_ping_interval=_number(body, "sse_ping_interval", 30.0))
+        sse_ping_interval=_ping_interval(body))
+
+
+def _ping_interval(body: dict) -> float | None:
+    """-1 or 0: no pings; a positive value under SSE_PING_FLOOR is raised to it (llama-server
+    truncates it to whole seconds, so to 0: no pings)."""
+    value = _number(body, "sse_ping_interval", math.nan, -1.0, INT32_MAX)
+    if math.isnan(value):
+        return None
+    return max(value, SSE_PING_FLOOR) if value > 0 else 0.0
 
 
 # -- prompts --------------------------------------------------------------------------------
+def _as_id(value: Any) -> Any:
+    """An integral number as an int (JSON Schema's integer: 5.0 is one, as `_integer`
+    reads it); anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _prompt_pieces(value: Any) -> list[PromptPiece]:
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and value and all(
-            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
-            for p in value):
-        return list(value)
+    if isinstance(value, list) and value:
+        pieces = [_as_id(p) for p in value]
+        if all(isinstance(p, str) or _is_id(p) for p in pieces):
+            return pieces
     raise bad_request("'prompt' must be a string, an array of token ids or strings, "
                       "or an array of those")
 
@@ -177,23 +223,58 @@ def parse_prompts(value: Any) -> list[list[PromptPiece]]:
         raise bad_request("'prompt' is required")
     if isinstance(value, list) and value and all(isinstance(p, (list, str)) for p in value) \
             and any(isinstance(p, list) for p in value):
-        return [_prompt_pieces(p) for p in value]
-    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
-        return [[p] for p in value]
-    return [_prompt_pieces(value)]
+        prompts = [_prompt_pieces(p) for p in value]
+    elif isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
+        prompts = [[p] for p in value]
+    else:
+        return [_prompt_pieces(value)]
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+    return prompts
 
 
 def parse_completion(body: dict, oai: bool) -> CompletionRequest:
     """/completion (native) or /v1/completions (OpenAI: `logprobs: N` means n_probs)."""
     n_probs = 0
     if oai:
-        if body.get("echo"):
+        if _boolean(body, "echo", False):
             raise bad_request("Only no echo is supported")
         for key in ("best_of", "suffix"):
             if body.get(key) is not None:
                 raise bad_request(f"Unsupported param: {key}")
-        n_probs = _integer(body, "logprobs", 0)
+        n_probs = _integer(body, "logprobs", 0, 0, 100)
+        _check_model(body)
     return CompletionRequest(parse_prompts(body.get("prompt")), gen_params(body, n_probs))
+
+
+# -- tokenizer routes -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenizeRequest:
+    """/tokenize: text (tokenized as given) or prompt pieces (as a completion prompt)."""
+
+    content: str | list[PromptPiece]
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+def parse_tokenize(body: dict) -> TokenizeRequest:
+    content = body.get("content")
+    if not isinstance(content, (str, list)):
+        raise bad_request("'content' must be a string or an array")
+    pieces = content if isinstance(content, str) or not content else _prompt_pieces(content)
+    return TokenizeRequest(pieces, _boolean(body, "add_special", False),
+                           _boolean(body, "parse_special", True),
+                           _boolean(body, "with_pieces", False))
+
+
+def parse_token_ids(body: dict, n_vocab: int) -> list[int]:
+    """/detokenize's `tokens`: ids in the vocabulary; absent or null: none."""
+    tokens = _default(body.get("tokens"), [])
+    tokens = [_as_id(t) for t in tokens] if isinstance(tokens, list) else None
+    if tokens is None or not all(_is_id(t) and 0 <= t < n_vocab for t in tokens):
+        raise bad_request("'tokens' must be an array of token ids in the vocabulary")
+    return tokens
 
 
 # -- chat -----------------------------------------------------------------------------------
@@ -233,14 +314,17 @@ def parse_chat(body: dict) -> ChatRequest:
         raise bad_request("response_format: only {\"type\": \"text\"} is supported")
     if body.get("tools"):
         raise bad_request("'tools' are not supported by this server")
+    _check_model(body)
     logprobs = _boolean(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("top_logprobs requires logprobs to be set to true")
-    n_probs = _integer(body, "top_logprobs", 0) if logprobs else 0
-    kwargs = body.get("chat_template_kwargs") or {}
+    n_probs = _integer(body, "top_logprobs", 0, 0, 100) if logprobs else 0
+    kwargs = _default(body.get("chat_template_kwargs"), {})
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object")
+    for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
+        raise bad_request(f"'chat_template_kwargs' may not set '{key}': the server does")
     params = replace(gen_params(body, n_probs), logprobs=logprobs)
     return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
                        _boolean(body, "add_generation_prompt", True), kwargs)

@@ -1,0 +1,259 @@
+"""The OpenAPI 3.1 description served at /openapi.json, written by hand from params.py.
+
+Request schemas carry the limits the parser enforces (params.py, json_body.py), so a client
+generator or a schema-driven fuzzer (tests/test_server_fuzz.py) produces requests the server
+accepts; fields the server refuses (grammar, tools, n > 1, ...) are left out. Unknown fields
+are allowed, as llama-server ignores them. Reply schemas name the fields clients rely on and
+allow more. The bounds that depend on the loaded model (vocabulary size, slots) are filled in
+per server by `openapi_schema`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinfer import __version__
+from edgeinfer.server.json_body import MAX_DEPTH
+from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, RESERVED_TEMPLATE_KWARGS, UNSUPPORTED
+
+JSON = "application/json"
+SSE = "text/event-stream"
+EMPTY = {"enum": ["", 0, False, [], {}]}  # what an unsupported field may be (params.py)
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _int(lo: int, hi: int = INT32_MAX, **extra: Any) -> dict:
+    return {"type": "integer", "minimum": lo, "maximum": hi, **extra}
+
+
+def _obj(properties: dict, required: tuple[str, ...] = (), **extra: Any) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), **extra}
+
+
+def _generation_fields(n_slots: int) -> dict:
+    """Fields every completion route takes (params.gen_params); out-of-range numbers of the
+    clamped sampling fields are accepted and clamped, as llama-server does."""
+    n_predict = _int(-1, description="tokens to generate; -1: until EOS or the context fills")
+    return {
+        "n_predict": n_predict, "max_tokens": n_predict, "max_completion_tokens": n_predict,
+        "temperature": {"type": "number", "description": "<= 0: greedy (clamped to 0)"},
+        "top_k": _int(-INT32_MAX - 1, description="<= 0: off"),
+        "top_p": {"type": "number", "description": "clamped to [0, 1]; 1: off"},
+        "min_p": {"type": "number", "description": "clamped to [0, 1]; 0: off"},
+        "repeat_penalty": {"type": "number", "exclusiveMinimum": 0},
+        "repeat_last_n": _int(-1, description="-1: the whole context, 0: off"),
+        "presence_penalty": {"type": "number"},
+        "frequency_penalty": {"type": "number"},
+        "seed": _int(-1, 2**64 - 1, description="-1: random"),
+        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "stream": {"type": "boolean"},
+        "stream_options": _obj({"include_usage": {"type": "boolean"}}),
+        "n_probs": _int(0, 100),
+        "cache_prompt": {"type": "boolean"},
+        "ignore_eos": {"type": "boolean"},
+        "id_slot": _int(-1, n_slots - 1),
+        "return_tokens": {"type": "boolean"},
+        "timings_per_token": {"type": "boolean"},
+        "sse_ping_interval": {"type": "number", "minimum": -1, "maximum": INT32_MAX,
+                              "description": "seconds, at least 1; <= 0: no pings"},
+        "n": {"const": 1}, "n_cmpl": {"const": 1},
+        # refused unless empty (params._reject_unsupported): a constraint silently ignored
+        # would be worse than a 400
+        **{key: EMPTY for key in UNSUPPORTED},
+    }
+
+
+def _prompt(n_vocab: int) -> dict:
+    token = _int(0, n_vocab - 1)
+    text = {"type": "string", "minLength": 1}  # "" is no prompt (400: the prompt is empty)
+    one = {"anyOf": [text,
+                     {"type": "array", "minItems": 1,
+                      "items": {"anyOf": [token, {"type": "string"}]}}]}
+    many = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
+            "items": {"anyOf": [text, one["anyOf"][1]]}}
+    # an array of more than MAX_PROMPTS strings (or arrays) is that many prompts: refused
+    too_many = {"type": "array", "minItems": MAX_PROMPTS + 1,
+                "items": {"type": ["string", "array"]}}
+    return {"anyOf": [*one["anyOf"], many], "not": too_many}
+
+
+def _message() -> dict:
+    part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
+    return _obj({"role": {"type": "string"}, "content": content}, ("role", "content"))
+
+
+def _null_is_default(schema: dict) -> dict:
+    """`null` in an optional field means its default (llama-server's json_value)."""
+    if schema.get("type") == "object" and "properties" in schema:
+        required = set(schema.get("required", ()))
+        schema["properties"] = {
+            key: value if key in required else {"anyOf": [_null_is_default(value),
+                                                          {"type": "null"}]}
+            for key, value in schema["properties"].items()}
+    return schema
+
+
+def _request_schemas(n_vocab: int, n_slots: int) -> dict:
+    gen = _generation_fields(n_slots)
+    messages = {"type": "array", "minItems": 1, "items": _ref("Message")}
+    template_kwargs = {"type": "object",
+                       "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}
+    top_logprobs_needs_logprobs = {
+        "if": {"required": ["top_logprobs"],
+               "properties": {"top_logprobs": {"not": {"type": "null"}}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+    return {name: _null_is_default(schema) for name, schema in {
+        "Message": _message(),
+        "CompletionRequest": _obj({"prompt": _prompt(n_vocab), **gen}, ("prompt",)),
+        "OaiCompletionRequest": _obj(
+            {"prompt": _prompt(n_vocab), "model": {"type": "string"},
+             "echo": {"const": False}, "logprobs": _int(0, 100), "best_of": {"type": "null"},
+             "suffix": {"type": "null"}, **gen}, ("prompt",)),
+        "ChatRequest": _obj(
+            {"messages": messages, "model": {"type": "string"}, "logprobs": {"type": "boolean"},
+             "top_logprobs": _int(0, 100, description="needs logprobs: true"),
+             "response_format": _obj({"type": {"const": "text"}}, ("type",)),
+             "chat_template_kwargs": template_kwargs,
+             "add_generation_prompt": {"type": "boolean"}, "tools": EMPTY, **gen},
+            ("messages",), **top_logprobs_needs_logprobs),
+        "TokenizeRequest": _obj(
+            {"content": {"anyOf": [{"type": "string"}, _prompt(n_vocab)["anyOf"][1],
+                                   {"type": "array", "maxItems": 0}]},
+             "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
+             "with_pieces": {"type": "boolean"}}, ("content",)),
+        "DetokenizeRequest": _obj({"tokens": {"type": "array", "items": _int(0, n_vocab - 1)}}),
+        "ApplyTemplateRequest": _obj({"messages": messages}, ("messages",)),
+    }.items()}
+
+
+def _reply_schemas() -> dict:
+    number, string, integer = {"type": "number"}, {"type": "string"}, {"type": "integer"}
+    usage = _obj({"completion_tokens": integer, "prompt_tokens": integer,
+                  "total_tokens": integer},
+                 ("completion_tokens", "prompt_tokens", "total_tokens"))
+    timings = _obj({k: number for k in ("prompt_n", "prompt_ms", "predicted_n",
+                                          "predicted_ms", "predicted_per_second")})
+    finish = {"enum": ["stop", "length"]}
+    head = {"id": string, "object": string, "created": integer, "model": string}
+    native = _obj({"content": string, "stop": {"const": True}, "tokens": {"type": "array"},
+                   "tokens_predicted": integer, "tokens_evaluated": integer,
+                   "stop_type": {"enum": ["eos", "word", "limit"]}, "stopping_word": string,
+                   "truncated": {"type": "boolean"}, "generation_settings": {"type": "object"},
+                   "timings": timings},
+                  ("content", "stop", "tokens_predicted", "tokens_evaluated", "stop_type",
+                   "timings"))
+    oai_choice = _obj({"text": string, "index": integer, "finish_reason": finish},
+                      ("text", "index", "finish_reason"))
+    message = _obj({"role": {"const": "assistant"}, "content": string}, ("role", "content"))
+    chat_choice = _obj({"index": integer, "finish_reason": finish, "message": message},
+                       ("index", "finish_reason", "message"))
+    piece = {"anyOf": [string, {"type": "array", "items": _int(0, 255)}]}
+    model = _obj({"id": string, "object": {"const": "model"}, "owned_by": string,
+                  "meta": {"type": "object"}}, ("id", "object"))
+    return {
+        "Error": _obj({"error": _obj({"code": integer, "message": string, "type": string},
+                                     ("code", "message", "type"))}, ("error",)),
+        "NativeReply": native,
+        "OaiCompletionReply": _obj({**head, "choices": {"type": "array", "items": oai_choice},
+                                    "usage": usage}, ("id", "object", "choices", "usage")),
+        "ChatReply": _obj({**head, "choices": {"type": "array", "items": chat_choice},
+                           "usage": usage}, ("id", "object", "choices", "usage")),
+        "TokenizeReply": _obj({"tokens": {"type": "array", "items": {"anyOf": [
+            integer, _obj({"id": integer, "piece": piece}, ("id", "piece"))]}}}, ("tokens",)),
+        "DetokenizeReply": _obj({"content": string}, ("content",)),
+        "ApplyTemplateReply": _obj({"prompt": string}, ("prompt",)),
+        "Health": _obj({"status": {"const": "ok"}}, ("status",)),
+        "Models": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
+                       ("object", "data")),
+        "Props": _obj({"default_generation_settings": {"type": "object"},
+                       "total_slots": integer, "chat_template": string, "build_info": string},
+                      ("default_generation_settings", "total_slots")),
+        "Slots": {"type": "array", "items": _obj({"id": integer, "is_processing": {
+            "type": "boolean"}}, ("id", "is_processing"))},
+    }
+
+
+def _errors(*statuses: int) -> dict:
+    text = {400: "invalid request", 401: "invalid API key", 413: "request body too large",
+            501: "not enabled on this server", 503: "loading, or no slot is free"}
+    return {str(s): {"description": text[s], "content": {JSON: {"schema": _ref("Error")}}}
+            for s in statuses}
+
+
+def _post(summary: str, request: str, reply: dict, stream: bool = False) -> dict:
+    content = {JSON: {"schema": reply}}
+    if stream:
+        # before OpenAPI 3.2 (`itemSchema`), `schema` describes each event
+        event = _obj({"data": {"type": "string", "description": "a JSON chunk or [DONE]"}},
+                     ("data",))
+        content[SSE] = {"schema": event}
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {JSON: {"schema": _ref(request)}}},
+        "responses": {"200": {"description": "OK", "content": content},
+                      **_errors(400, 413, 503)}}}
+
+
+def _get(summary: str, reply: dict, media: str = JSON, errors: tuple[int, ...] = (503,),
+         parameters: tuple[dict, ...] = ()) -> dict:
+    op = {"summary": summary, "parameters": list(parameters),
+          "responses": {"200": {"description": "OK", "content": {media: {"schema": reply}}},
+                        **_errors(*errors)}}
+    return {"get": op}
+
+
+def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
+                   api_key: bool = False, public: frozenset[str] = frozenset()) -> dict:
+    """The description of this server's routes, for a model of `n_vocab` tokens served in
+    `n_slots` slots; with `api_key`, every route but the `public` ones needs it."""
+    native = {"anyOf": [_ref("NativeReply"), {"type": "array", "items": _ref("NativeReply"),
+                                               "maxItems": MAX_PROMPTS}]}
+    completion = _post("llama-server's native completion", "CompletionRequest", native, True)
+    chat = _post("OpenAI chat completion", "ChatRequest", _ref("ChatReply"), True)
+    fail_on_no_slot = {"name": "fail_on_no_slot", "in": "query", "schema": {"type": "string"}}
+    paths = {
+        "/health": _get("200 once the model is loaded", _ref("Health")),
+        "/models": _get("the model list", _ref("Models")),
+        "/props": {**_get("server properties", _ref("Props")),
+                   "post": {"summary": "not supported",
+                            "responses": _errors(501, 503)}},
+        "/slots": _get("the slots", _ref("Slots"), parameters=(fail_on_no_slot,)),
+        "/metrics": _get("Prometheus metrics", {"type": "string"}, "text/plain",
+                         (503,) if metrics else (501, 503)),
+        "/completion": completion,
+        "/v1/completions": _post("OpenAI completion", "OaiCompletionRequest",
+                                 _ref("OaiCompletionReply"), True),
+        "/v1/chat/completions": chat,
+        "/tokenize": _post("text to token ids", "TokenizeRequest", _ref("TokenizeReply")),
+        "/detokenize": _post("token ids to text", "DetokenizeRequest", _ref("DetokenizeReply")),
+        "/apply-template": _post("the chat template alone", "ApplyTemplateRequest",
+                                 _ref("ApplyTemplateReply")),
+        "/openapi.json": _get("this description", {"type": "object"}),
+    }
+    for alias, path in (("/v1/health", "/health"), ("/v1/models", "/models"),
+                        ("/completions", "/completion"), ("/chat/completions",
+                                                          "/v1/chat/completions")):
+        paths[alias] = paths[path]
+    schema = {
+        "openapi": "3.1.0",
+        "info": {"title": "edgeinfer", "version": __version__,
+                 "description": "llama-server and OpenAI compatible API. Request bodies "
+                                "are strict JSON: no NaN or Infinity, integers within 64 "
+                                "bits, strings valid Unicode (no lone surrogates), at most "
+                                f"{MAX_DEPTH} levels deep."},
+        "paths": paths,
+        "components": {"schemas": {**_request_schemas(n_vocab, n_slots), **_reply_schemas()}},
+    }
+    if api_key:
+        for path, item in paths.items():
+            for op in item.values():
+                if path not in public:
+                    op["responses"] = {**op["responses"], **_errors(401)}
+        schema["components"]["securitySchemes"] = {"bearer": {"type": "http",
+                                                              "scheme": "bearer"}}
+        schema["security"] = [{"bearer": []}]
+    return schema
