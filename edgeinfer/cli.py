@@ -159,6 +159,14 @@ def serve(
     alias: str | None = typer.Option(None, "-a", "--alias", help="Model name in the API."),
     cache_ram: int = typer.Option(1024, "-cram", "--cache-ram",
                                   help="MiB of RAM for prompts no slot holds any more (0: off)."),
+    cors_origins: str = typer.Option(
+        "localhost", "--cors-origins",
+        help="Origins browsers may call from: exact origins, * or localhost (the default)."),
+    allowed_hosts: str = typer.Option(
+        "", "--allowed-hosts",
+        help="Host names accepted besides IPs, localhost and this machine's (*: any)."),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="Seconds running requests get after SIGTERM."),
 ) -> None:
     """Serve a llama-server and OpenAI compatible HTTP API."""
     def start() -> None:
@@ -171,7 +179,9 @@ def serve(
                 "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
         serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
                    parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
-                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn))
+                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn),
+                   cors_origins=cors_origins, allowed_hosts=allowed_hosts,
+                   shutdown_timeout=shutdown_timeout)
 
     _guard(start)
 

@@ -26,6 +26,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="MiB of RAM for prompts no slot holds any more (0: off)")
     p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="off",
                    help="flash attention, llama.cpp's -fa on numerics (auto: off)")
+    p.add_argument("--cors-origins", default="localhost",
+                   help="origins browsers may call from, comma-separated: exact origins, * or "
+                        "localhost (any port of localhost, 127.0.0.1, ::1; the default)")
+    p.add_argument("--allowed-hosts", default="",
+                   help="Host names accepted besides IP addresses, localhost and this machine's "
+                        "name, comma-separated (*: any; the DNS rebinding guard off)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get after SIGTERM before they are ended")
     args = p.parse_args(argv)
     from edgeinfer.server import serve
 
@@ -33,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.model, host=args.host, port=args.port, n_ctx=args.n_ctx,
               parallel=args.parallel, api_key=args.api_key, threads=args.threads,
               metrics=args.metrics, alias=args.alias, cache_ram=args.cache_ram,
-              flash_attn=args.flash_attn == "on")
+              flash_attn=args.flash_attn == "on", cors_origins=args.cors_origins,
+              allowed_hosts=args.allowed_hosts, shutdown_timeout=args.shutdown_timeout)
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
