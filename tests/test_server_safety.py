@@ -16,7 +16,7 @@ import pytest
 from test_server_harness import ServerProcess, idle_around_test
 from tiny_models import write_tiny_model
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import ModelFault
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.security import (
     AccessPolicy,
@@ -185,8 +185,8 @@ def test_no_reply_shows_the_model_path(server):
 def test_errors_are_redacted(tmp_path):
     model = tmp_path / "models" / "m.gguf"
     redact = path_redactor(model)
-    exc = public_error(EdgeInferError(f"cannot read {model}: truncated"), redact)
-    assert str(exc) == "cannot read m.gguf: truncated"
+    exc = public_error(ModelFault(f"cannot read {model}: truncated"), redact)
+    assert isinstance(exc, ModelFault) and str(exc) == "cannot read m.gguf: truncated"
     exc = public_error(ApiError(400, f"bad file in {model.parent}"), redact)
     assert isinstance(exc, ApiError) and str(tmp_path) not in exc.message
     exc = public_error(KeyError(str(model)), redact)

@@ -27,6 +27,7 @@ a bare key there). Keys are compared in constant time.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import ipaddress
@@ -211,7 +212,8 @@ def path_redactor(model_path: Path) -> Callable[[str], str]:
         forms.add(str(model_path.resolve()))
     except OSError:
         pass
-    folders = {str(Path(f).parent) for f in forms if str(Path(f).parent) not in ("", ".", "/")}
+    # folders too (a message may name a sibling file), unless too short to be told from text
+    folders = {str(Path(f).parent) for f in forms if len(str(Path(f).parent)) >= 5}
     ordered = sorted(forms, key=len, reverse=True) + sorted(folders, key=len, reverse=True)
 
     def redact(text: str) -> str:
@@ -229,7 +231,9 @@ def public_error(exc: Exception, redact: Callable[[str], str]) -> Exception:
         return exc
     if isinstance(exc, ApiError):
         return ApiError(exc.status, redact(exc.message), exc.type, **exc.extra)
-    if isinstance(exc, EdgeInferError):
-        return EdgeInferError(clean)
+    if isinstance(exc, EdgeInferError):  # keep the class: it may choose the status
+        public = copy.copy(exc)
+        public.args = (clean,)
+        return public if str(public) == clean else EdgeInferError(clean)
     log.error("request failed", exc_info=exc)  # in full here; the client gets it redacted
     return ApiError(500, f"{type(exc).__name__}: {clean}")
