@@ -163,6 +163,14 @@ def serve(
                                        help="Larger request bodies get 413 (default 64 MiB)."),
     sse_ping_interval: float = typer.Option(
         30.0, "--sse-ping-interval", help="Seconds between SSE keep-alive comments (<= 0: none)."),
+    cors_origins: str = typer.Option(
+        "localhost", "--cors-origins",
+        help="Origins browsers may call from: exact origins, * or localhost (the default)."),
+    allowed_hosts: str = typer.Option(
+        "", "--allowed-hosts",
+        help="Host names accepted besides IPs, localhost and this machine's (*: any)."),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="Seconds running requests get after SIGTERM."),
 ) -> None:
     """Serve a llama-server and OpenAI compatible HTTP API."""
     def start() -> None:
@@ -176,7 +184,9 @@ def serve(
         serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
                    parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
                    alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn),
-                   max_body_bytes=max_body_bytes, sse_ping_interval=sse_ping_interval)
+                   max_body_bytes=max_body_bytes, sse_ping_interval=sse_ping_interval,
+                   cors_origins=cors_origins, allowed_hosts=allowed_hosts,
+                   shutdown_timeout=shutdown_timeout)
 
     _guard(start)
 

@@ -372,7 +372,7 @@ def test_disconnect_cancels_a_non_stream_request(long_server):
     /slots shows the request running, not after a client timeout that may come first)."""
     mark = len(long_server.log_text())
     body = json.dumps(FOREVER).encode()
-    head = (f"POST /completion HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    head = (f"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     url = httpx.URL(long_server.url)
     with socket.create_connection((url.host, url.port), timeout=30) as sock:

@@ -98,7 +98,8 @@ def test_chat_parsing():
 # -- loading state -------------------------------------------------------------------------
 def test_every_route_is_503_while_loading(tmp_path):
     engine = Engine(tmp_path / "never-loaded.gguf")  # not started: stays "loading"
-    client = TestClient(create_app(Server(engine, tmp_path / "never-loaded.gguf")))
+    client = TestClient(create_app(Server(engine, tmp_path / "never-loaded.gguf")),
+                        base_url="http://localhost")  # "testserver" fails the Host guard
     for method, path in (("GET", "/health"), ("GET", "/v1/models"),
                          ("POST", "/v1/chat/completions"), ("POST", "/completion")):
         r = client.request(method, path, json={})

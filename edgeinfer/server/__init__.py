@@ -22,26 +22,32 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
           parallel: int = 1, api_key: str | None = None, threads: int | None = None,
           metrics: bool = False, alias: str | None = None, cache_ram: int = 1024,
           flash_attn: bool = False, max_body_bytes: int = 64 << 20,
-          sse_ping_interval: float = 30.0) -> None:
+          sse_ping_interval: float = 30.0, cors_origins: str = "localhost",
+          allowed_hosts: str = "", shutdown_timeout: float = 30.0) -> None:
     """Serve `model_path` until interrupted (blocking). `api_key` may list several keys,
     comma-separated; `parallel` is the number of slots (sequences batched together);
     `n_ctx` is the context of each slot (0: min(4096, the model's)); `cache_ram` is the MiB
     of RAM for the KV of sequences no slot holds any more (0: none); `flash_attn` selects
     llama.cpp's -fa on attention numerics; a request body over `max_body_bytes` gets 413;
     `sse_ping_interval` is the seconds between SSE keep-alive comments when a request does
-    not set its own (<= 0: none)."""
+    not set its own (<= 0: none). `cors_origins` and `allowed_hosts` are the browser guards
+    of security.py; `shutdown_timeout` the seconds running requests get after SIGTERM
+    (shutdown.py)."""
     if max_body_bytes < 1 or not math.isfinite(sse_ping_interval):
         raise EdgeInferError("--max-body-bytes must be >= 1 and --sse-ping-interval finite")
     import uvicorn
 
     from edgeinfer.server.app import Server, create_app
     from edgeinfer.server.engine import Engine
+    from edgeinfer.server.security import AccessPolicy, split_list
+    from edgeinfer.server.shutdown import FLUSH_SECONDS, DrainingServer, Gate
 
     _setup_logging()
     failures: list[BaseException] = []
     sock = _bind(host, port)
-    config = uvicorn.Config(None, log_level="warning", timeout_keep_alive=30)
-    server = uvicorn.Server(config)
+    # uvicorn's own graceful wait runs after DrainingServer's bounded one: a backstop only
+    config = uvicorn.Config(None, log_level="warning", timeout_keep_alive=30,
+                            timeout_graceful_shutdown=FLUSH_SECONDS)
 
     def on_fail(exc: BaseException) -> None:
         failures.append(exc)
@@ -49,10 +55,13 @@ def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8080, n_ctx: in
 
     engine = Engine(Path(model_path), n_ctx, parallel if parallel > 0 else 4, threads, on_fail,
                     cache_ram, flash_attn)
-    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
-    config.app = create_app(Server(engine, Path(model_path), alias, keys, metrics,
-                                   max_body_bytes=max_body_bytes,
-                                   sse_ping_interval=sse_ping_interval))
+    gate = Gate()
+    server = DrainingServer(config, gate, engine, shutdown_timeout)
+    access = AccessPolicy(cors_origins, allowed_hosts, host)
+    config.app = create_app(Server(engine, Path(model_path), alias, split_list(api_key),
+                                   metrics, max_body_bytes=max_body_bytes,
+                                   sse_ping_interval=sse_ping_interval, access=access,
+                                   gate=gate))
     log.info("listening on %s (loading %s)", _url(sock), model_path)
     engine.start()
     try:

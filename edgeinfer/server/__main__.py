@@ -30,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="larger request bodies get 413 (default: 64 MiB)")
     p.add_argument("--sse-ping-interval", type=float, default=30.0,
                    help="seconds between SSE keep-alive comments (<= 0: none)")
+    p.add_argument("--cors-origins", default="localhost",
+                   help="origins browsers may call from, comma-separated: exact origins, * or "
+                        "localhost (any port of localhost, 127.0.0.1, ::1; the default)")
+    p.add_argument("--allowed-hosts", default="",
+                   help="Host names accepted besides IP addresses, localhost and this machine's "
+                        "name, comma-separated (*: any; the DNS rebinding guard off)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get after SIGTERM before they are ended")
     args = p.parse_args(argv)
     from edgeinfer.server import serve
 
@@ -38,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
               parallel=args.parallel, api_key=args.api_key, threads=args.threads,
               metrics=args.metrics, alias=args.alias, cache_ram=args.cache_ram,
               flash_attn=args.flash_attn == "on", max_body_bytes=args.max_body_bytes,
-              sse_ping_interval=args.sse_ping_interval)
+              sse_ping_interval=args.sse_ping_interval, cors_origins=args.cors_origins,
+              allowed_hosts=args.allowed_hosts, shutdown_timeout=args.shutdown_timeout)
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

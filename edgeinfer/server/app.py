@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -47,6 +46,15 @@ from edgeinfer.server.params import (
     parse_token_ids,
     parse_tokenize,
 )
+from edgeinfer.server.security import (
+    AccessMiddleware,
+    AccessPolicy,
+    key_matches,
+    path_redactor,
+    public_error,
+    request_key,
+)
+from edgeinfer.server.shutdown import Gate, GateMiddleware
 
 log = logging.getLogger("edgeinfer.server")
 PUBLIC = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/"})
@@ -64,6 +72,8 @@ class Server:
     metrics: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     sse_ping_interval: float = 30.0  # the default of the requests' sse_ping_interval
+    access: AccessPolicy = field(default_factory=AccessPolicy)
+    gate: Gate = field(default_factory=Gate)
     start_time: float = field(default_factory=time.time)
 
     @property
@@ -72,7 +82,13 @@ class Server:
 
     @property
     def model_id(self) -> str:
-        return self.alias or str(self.model_path)
+        """The alias, else the file name: the model's path is never shown (llama-server's
+        fallback when the model has no name is the file name too)."""
+        return self.alias or self.model_path.name
+
+    @cached_property
+    def redact(self) -> Callable[[str], str]:
+        return path_redactor(self.model_path)
 
     @cached_property
     def scraper(self) -> Scraper:
@@ -101,9 +117,7 @@ async def read_json(server: Server, request: Request) -> dict:
 
 
 def _check_key(server: Server, request: Request) -> None:
-    key = request.headers.get("authorization") or request.headers.get("x-api-key") or ""
-    key = key.removeprefix("Bearer ")
-    if key.strip() not in server.api_keys:
+    if not key_matches(server.api_keys, request_key(request.headers)):
         raise BAD_KEY
 
 
@@ -144,7 +158,7 @@ def _endpoint(server: Server, path: str, handler: Handler):
                      n_tokens)
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - the one place errors become replies
-            return error_response(exc)
+            return error_response(public_error(exc, server.redact))
     return route
 
 
@@ -454,7 +468,10 @@ def _file_size(path: Path) -> int:
 def _n_params(path: Path) -> int:
     from edgeinfer.gguf_file import GGUFFile
 
-    return sum(math.prod(t.shape) for t in GGUFFile(path).tensors.values())
+    try:
+        return sum(math.prod(t.shape) for t in GGUFFile(path).tensors.values())
+    except (EdgeInferError, OSError):  # the file changed since it was loaded
+        return 0
 
 
 async def props(server: Server, request: Request) -> Response:
@@ -466,7 +483,7 @@ async def props(server: Server, request: Request) -> Response:
     return JSONResponse({
         "default_generation_settings": {"n_ctx": n_ctx, "params": settings},
         "total_slots": server.engine.n_slots, "model_alias": server.model_id,
-        "model_path": str(server.model_path), "modalities": {"vision": False, "audio": False},
+        "model_path": server.model_path.name, "modalities": {"vision": False, "audio": False},
         "chat_template": server.model.chat_template or "", "bos_token": token_text(tok.bos_id),
         "eos_token": token_text(tok.eos_id), "build_info": fmt.BUILD_INFO,
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": server.metrics,
@@ -536,6 +553,6 @@ def create_app(server: Server) -> FastAPI:
             return error_response(NOT_FOUND)
         return error_response(ApiError(exc.status_code, str(exc.detail)))
     app.add_exception_handler(StarletteHTTPException, not_found)
-    app.add_middleware(CORSMiddleware, allow_origin_regex=".*", allow_credentials=True,
-                       allow_methods=["GET", "POST"], allow_headers=["*"])
+    app.add_middleware(GateMiddleware, gate=server.gate)  # the last added runs first:
+    app.add_middleware(AccessMiddleware, policy=server.access)  # Host, Origin, then the gate
     return app

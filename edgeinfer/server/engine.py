@@ -46,6 +46,7 @@ log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
 RECENT_MAX = 1024  # tokens kept for repetition penalties
 CANCELLED = ApiError(499, "request cancelled by the client")
+SHUTTING_DOWN = ApiError(503, "The server is shutting down")
 
 
 # -- events sent to the HTTP side ------------------------------------------------------------
@@ -159,6 +160,8 @@ class Engine(threading.Thread):
         self.tree = PrefixTree()
         self.stats = Stats()
         self._running = True
+        self.draining = False  # shutting down: waiting and new jobs are refused
+        self.aborting = False  # the grace period is over: running jobs are ended too
 
     # -- public, called from HTTP threads ------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -167,6 +170,17 @@ class Engine(threading.Thread):
     def cancel(self, job: Job) -> None:
         job.cancelled = True
         self.inbox.put(None)  # wake the loop if it is idle
+
+    def drain(self) -> None:
+        """Refuse (503) the jobs waiting for a slot and any submitted from now on; running
+        jobs go on."""
+        self.draining = True
+        self.inbox.put(None)
+
+    def abort_running(self) -> None:
+        """End the running jobs too, with 503."""
+        self.draining = self.aborting = True
+        self.inbox.put(None)
 
     def stop(self) -> None:
         self._running = False
@@ -238,6 +252,8 @@ class Engine(threading.Thread):
 
     def _step(self) -> None:
         self._drop_cancelled()
+        if self.draining:
+            self._refuse_for_shutdown()
         self._admit()
         rows = self._build_batch()
         if rows is None:
@@ -271,6 +287,17 @@ class Engine(threading.Thread):
                          slot.n_decoded)
                 slot.job.sink(ErrorEvent(CANCELLED))
                 self._release(slot)
+
+    def _refuse_for_shutdown(self) -> None:
+        for job in self.waiting:
+            job.sink(ErrorEvent(SHUTTING_DOWN))
+        self.waiting.clear()
+        if self.aborting:
+            for slot in self.slots:
+                if slot.job is not None:
+                    log.info("slot %d: task %d ended by the shutdown after %d tokens", slot.id,
+                             slot.job.id, slot.n_decoded)
+                    self._fail(slot, SHUTTING_DOWN)
 
     def _admit(self) -> None:
         kept: deque[Job] = deque()
