@@ -195,7 +195,7 @@ def test_client_gone_while_sending_its_body_is_one_log_line(server):
     """The request is read no further; no traceback (the module fixture checks the log)."""
     mark = len(server.log_text())
     url = httpx.URL(server.url)
-    head = (b"POST /completion HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    head = (b"POST /completion HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n")
     with socket.create_connection((url.host, url.port), timeout=30) as sock:
         sock.sendall(head + b'{"prompt": ')
