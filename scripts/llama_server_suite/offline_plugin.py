@@ -8,7 +8,7 @@ tools/server/tests directory. It changes no assertion: it only
   what it needed, and skips the tests listed with `skip` in offline.txt;
 - makes ServerPreset.load_all (which downloads every preset's model) a no-op;
 - writes $SUITE_JSON: each test's outcome (passed, failed, error, skipped) with a one-line
-  reason, and passed/failed/error/skipped counts per file and in total.
+  reason and its seconds, and the counts (and seconds) per file and in total.
 """
 
 from __future__ import annotations
@@ -93,7 +93,9 @@ class OutcomeRecorder:
                     break
 
     def pytest_runtest_logreport(self, report):
-        entry = self.tests.setdefault(report.nodeid, {"outcome": "passed", "reason": ""})
+        entry = self.tests.setdefault(report.nodeid,
+                                      {"outcome": "passed", "reason": "", "seconds": 0.0})
+        entry["seconds"] = round(entry["seconds"] + report.duration, 2)
         if report.skipped:
             entry.update(outcome="skipped", reason=_skip_reason(report))
         elif report.failed:
@@ -105,14 +107,17 @@ class OutcomeRecorder:
         if self.path is None or hasattr(session.config, "workerinput"):
             return  # no file asked for, or an xdist worker: the controller writes it
         files: dict[str, Counter] = {}
+        seconds: Counter = Counter()
         for nodeid, entry in sorted(self.tests.items()):
             files.setdefault(nodeid.split("::")[0], Counter())[entry["outcome"]] += 1
+            seconds[nodeid.split("::")[0]] += entry["seconds"]
         outcomes = ("passed", "failed", "error", "skipped")
         result = {
             "server": os.environ.get("LLAMA_SERVER_BIN_PATH", ""),
             "model": os.environ.get("SUITE_MODEL", ""),
             "totals": {k: sum(c[k] for c in files.values()) for k in outcomes},
-            "files": {f: {k: c[k] for k in outcomes} for f, c in files.items()},
+            "files": {f: {**{k: c[k] for k in outcomes}, "seconds": round(seconds[f], 1)}
+                      for f, c in files.items()},
             "tests": dict(sorted(self.tests.items())),
         }
         self.path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
