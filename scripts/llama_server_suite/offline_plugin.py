@@ -8,7 +8,8 @@ tools/server/tests directory. It changes no assertion: it only
   what it needed, and skips the tests listed with `skip` in offline.txt;
 - makes ServerPreset.load_all (which downloads every preset's model) a no-op;
 - writes $SUITE_JSON: each test's outcome (passed, failed, error, skipped) with a one-line
-  reason and its seconds, and the counts (and seconds) per file and in total.
+  reason, its seconds and, from edgeinfer-server's warning line, the flags it ignored; the
+  counts (and seconds) per file and in total.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).with_name("offline.txt")
+IGNORED_LINE = "warning: not supported by edgeinfer, ignored:"  # edgeinfer-server's warning
 HUB_FIELDS = ("model_hf_repo", "model_hf_file", "model_url", "mmproj_url")
 
 
@@ -96,6 +98,10 @@ class OutcomeRecorder:
         entry = self.tests.setdefault(report.nodeid,
                                       {"outcome": "passed", "reason": "", "seconds": 0.0})
         entry["seconds"] = round(entry["seconds"] + report.duration, 2)
+        for line in report.capstdout.splitlines():  # the servers' output is captured too
+            if line.startswith(IGNORED_LINE):
+                flags = line.removeprefix(IGNORED_LINE).strip().split(", ")
+                entry["ignored_flags"] = sorted(set(entry.get("ignored_flags", [])) | set(flags))
         if report.skipped:
             entry.update(outcome="skipped", reason=_skip_reason(report))
         elif report.failed:
