@@ -14,6 +14,9 @@
 #   SUITE_JSON       where the outcomes go (default: ./llama-server-suite.json)
 #   SUITE_SCRATCH    where the suite is copied (default: a new temporary directory)
 #   SUITE_WORKERS    pytest-xdist workers (default 1; each worker's servers use their own port)
+#   SUITE_THREADS    threads of each server (LLAMA_ARG_THREADS for llama-server,
+#                    NUMBA_NUM_THREADS for edgeinfer); on a busy machine 1, or llama-server's
+#                    spinning threads can take minutes per request
 #
 # What "offline" means (scripts/llama_server_suite/offline.txt, read by offline_plugin.py):
 # the text-generation presets serve SUITE_MODEL; tests that need any other hub model, a
@@ -26,7 +29,7 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$HERE")
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 SERVER_BIN=$(command -v -- "$1" || true)
@@ -86,6 +89,9 @@ EOF
 
 OUT=$(realpath -m -- "${SUITE_JSON:-llama-server-suite.json}")
 WORKERS=${SUITE_WORKERS:-1}
+if [ -n "${SUITE_THREADS:-}" ]; then
+    export LLAMA_ARG_THREADS=$SUITE_THREADS NUMBA_NUM_THREADS=$SUITE_THREADS
+fi
 XDIST=()
 [ "$WORKERS" -le 1 ] || XDIST=(-n "$WORKERS" --dist=worksteal)
 
