@@ -25,6 +25,8 @@ def reference_distribution(
 ) -> dict[int, float]:
     """llama.cpp's chain written the slow, obvious way: token id -> probability."""
     x = [float(v) for v in logits]
+    for token, bias in params.logit_bias:  # llama_sampler_logit_bias: before the chain
+        x[token] += bias
     window = recent if params.repeat_last_n == -1 else recent[-params.repeat_last_n :]
     if params.repeat_last_n == 0:
         window = []
@@ -138,6 +140,10 @@ CHAINS = [
         repeat_last_n=4,
         seed=16,
     ),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.01, seed=17,
+                   logit_bias=((2, 1.5), (4, -math.inf), (2, 0.5), (9, -3.0))),
+    SamplingParams(temperature=0.8, top_k=6, top_p=0.95, min_p=0.05, repeat_penalty=1.3,
+                   seed=18, logit_bias=((0, -math.inf), (3, 2.0), (11, 4.0))),
 ]
 
 
@@ -230,3 +236,49 @@ def test_nucleus_without_full_sort_matches_full_sort(first_try, p):
         got_ids, got = nucleus_candidates(logits, p, first_try=first_try)
         np.testing.assert_array_equal(got_ids, ids[:n_keep])
         np.testing.assert_array_equal(got, candidates[:n_keep])
+
+
+def test_logit_bias_bans_and_boosts_greedy():
+    logits = np.array([1.0, 3.0, 2.9, -1.0], dtype=np.float32)
+    banned = make_sampler(SamplingParams(temperature=0.0, logit_bias=((1, -math.inf),)))
+    assert banned.sample(logits, []) == 2
+    boosted = make_sampler(SamplingParams(temperature=0.0, logit_bias=((3, 2.0), (3, 2.5))))
+    assert boosted.sample(logits, []) == 3  # the two entries add: -1 + 4.5 > 3
+    assert logits[1] == 3.0 and logits[3] == -1.0  # the caller's row is untouched
+
+
+def test_logit_bias_reuses_one_scratch_buffer():
+    sampler = make_sampler(SamplingParams(temperature=1.0, seed=1, logit_bias=((5, -1.0),)))
+    logits = random_logits(3, n_vocab=64)
+    first = sampler.adjusted(logits)
+    assert first is not logits and first[5] == pytest.approx(logits[5] - 1.0)
+    assert sampler.adjusted(random_logits(4, n_vocab=64)) is first
+    plain = make_sampler(SamplingParams(temperature=1.0, seed=1))
+    assert plain.adjusted(logits) is logits  # nothing to apply: no copy
+
+
+def test_logit_bias_outside_the_vocabulary_raises():
+    sampler = make_sampler(SamplingParams(temperature=0.0, logit_bias=((64, 1.0),)))
+    with pytest.raises(EdgeInferError, match="outside the vocabulary"):
+        sampler.sample(random_logits(0, n_vocab=64), [])
+    with pytest.raises(EdgeInferError):
+        SamplingParams(logit_bias=((-1, 1.0),))
+
+
+@pytest.mark.parametrize("params", CHAINS, ids=range(len(CHAINS)))
+def test_candidate_probs_are_the_reference_distribution(params):
+    logits = random_logits(params.seed, n_vocab=12, scale=1.5)
+    recent = [0, 3, 3, 5, 0, 3, 7]
+    expected = reference_distribution(logits, recent, params)
+    ids, probs = make_sampler(params).candidate_probs(logits, recent)
+    assert list(probs) == sorted(probs, reverse=True)
+    got = {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
+    assert set(got) == set(expected)
+    for token, p in expected.items():
+        assert got[token] == pytest.approx(p, rel=1e-5, abs=1e-9)
+
+
+def test_candidate_probs_greedy_is_the_argmax():
+    logits = random_logits(2, n_vocab=50)
+    ids, probs = make_sampler(SamplingParams(temperature=0.0)).candidate_probs(logits)
+    assert list(ids) == [int(np.argmax(logits))] and list(probs) == [1.0]
