@@ -216,16 +216,20 @@ class Sampler:
         probs = softmax(candidates / params.temperature)
         return int(ids[draw(probs, self.rng)])
 
-    def candidate_probs(self, logits: np.ndarray, recent: Sequence[int] = ()
-                        ) -> tuple[np.ndarray, np.ndarray]:
-        """The distribution `sample` draws from: ids and probabilities best first (greedy:
-        the argmax with probability 1), as llama-server's post_sampling_probs reports it."""
+    def sample_with_probs(self, logits: np.ndarray, recent: Sequence[int] = ()
+                          ) -> tuple[int, np.ndarray, np.ndarray]:
+        """`sample`, plus the distribution the token was drawn from: the ids and
+        probabilities left after the chain, in no set order (greedy: the argmax alone, with
+        probability 1). Same token, same RNG use as `sample`. llama-server's
+        post_sampling_probs reports this distribution."""
+        check_finite(logits)
         logits = self.adjusted(logits, recent)
         if self.params.temperature <= 0:
-            return np.array([int(np.argmax(logits))]), np.ones(1)
+            token = int(np.argmax(logits))
+            return token, np.array([token]), np.ones(1)
         ids, candidates = self._candidates(logits)
-        order = np.argsort(-candidates, kind="stable")
-        return ids[order], softmax(candidates[order] / self.params.temperature)
+        probs = softmax(candidates / self.params.temperature)
+        return int(ids[draw(probs, self.rng)]), ids, probs
 
     def adjusted(self, logits: np.ndarray, recent: Sequence[int] = ()) -> np.ndarray:
         """`logits` with the logit biases and penalties applied: the scratch buffer, or
@@ -263,6 +267,17 @@ class Sampler:
 def make_sampler(params: SamplingParams | None = None) -> Sampler:
     """Build the sampling chain for one request (defaults: llama.cpp's)."""
     return Sampler(params if params is not None else SamplingParams())
+
+
+def top_probs(ids: np.ndarray, probs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most likely of a distribution (`sample_with_probs`'s), best first, leaving out
+    tokens of probability 0 (as llama-server's populate_token_probs does)."""
+    k = max(0, min(k, ids.shape[0]))
+    if k == 0:
+        return []
+    best = np.argpartition(-probs, k - 1)[:k] if k < ids.shape[0] else np.arange(ids.shape[0])
+    best = best[np.argsort(-probs[best], kind="stable")]
+    return [(int(ids[i]), float(probs[i])) for i in best if probs[i] > 0.0]
 
 
 def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:

@@ -17,6 +17,7 @@ from edgeinfer.sampling import (
     top_k_candidates,
     top_logprobs,
     top_p_keep,
+    top_probs,
 )
 
 
@@ -266,19 +267,32 @@ def test_logit_bias_outside_the_vocabulary_raises():
 
 
 @pytest.mark.parametrize("params", CHAINS, ids=range(len(CHAINS)))
-def test_candidate_probs_are_the_reference_distribution(params):
+def test_sample_with_probs_is_the_reference_distribution(params):
     logits = random_logits(params.seed, n_vocab=12, scale=1.5)
     recent = [0, 3, 3, 5, 0, 3, 7]
     expected = reference_distribution(logits, recent, params)
-    ids, probs = make_sampler(params).candidate_probs(logits, recent)
-    assert list(probs) == sorted(probs, reverse=True)
+    with_probs, plain = make_sampler(params), make_sampler(params)
+    for _ in range(20):  # the same tokens as `sample`, from the same random stream
+        token, ids, probs = with_probs.sample_with_probs(logits, recent)
+        assert token == plain.sample(logits, recent)
     got = {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
-    assert set(got) == set(expected)
+    assert {i for i, p in got.items() if p > 0} == {i for i, p in expected.items() if p > 0}
     for token, p in expected.items():
-        assert got[token] == pytest.approx(p, rel=1e-5, abs=1e-9)
+        assert got.get(token, 0.0) == pytest.approx(p, rel=1e-5, abs=1e-9)
+    top = top_probs(ids, probs, 3)
+    best = sorted(((p, i) for i, p in expected.items() if p > 0), reverse=True)[:3]
+    assert [i for i, _ in top] == [i for _, i in best]
+    assert [p for _, p in top] == pytest.approx([p for p, _ in best], rel=1e-5)
 
 
-def test_candidate_probs_greedy_is_the_argmax():
+def test_sample_with_probs_greedy_is_the_argmax():
     logits = random_logits(2, n_vocab=50)
-    ids, probs = make_sampler(SamplingParams(temperature=0.0)).candidate_probs(logits)
-    assert list(ids) == [int(np.argmax(logits))] and list(probs) == [1.0]
+    token, ids, probs = make_sampler(SamplingParams(temperature=0.0)).sample_with_probs(logits)
+    assert token == int(np.argmax(logits)) and list(ids) == [token] and list(probs) == [1.0]
+
+
+def test_top_probs_leaves_out_zero_and_clamps_k():
+    ids, probs = np.array([7, 3, 9, 1]), np.array([0.25, 0.0, 0.5, 0.25])
+    assert top_probs(ids, probs, 10) == [(9, 0.5), (7, 0.25), (1, 0.25)]
+    assert top_probs(ids, probs, 1) == [(9, 0.5)]
+    assert top_probs(ids, probs, 0) == []
