@@ -25,6 +25,9 @@ import numpy as np
 from edgeinfer.errors import EdgeInferError, ModelFault
 
 N_PREDICT = -1  # tokens to generate (llama.cpp's n_predict); -1: until EOS or the context is full
+# (token id, bias) pairs added to the logits before any other sampler; -inf bans the token.
+# A token listed twice gets both (llama_sampler_logit_bias adds each entry).
+LogitBias = tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None  # None: a random seed, drawn once when the sampler is built
-    # (token id, bias) added to the logit before any other sampler; -inf bans the token.
-    # A token listed twice gets both (llama_sampler_logit_bias adds each entry).
-    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for entry in self.logit_bias:
-            if len(entry) != 2 or entry[0] < 0 or math.isnan(entry[1]):
-                raise EdgeInferError(f"logit_bias entries are (token id >= 0, bias), got "
-                                     f"{entry!r}")
         if not self.repeat_penalty > 0:
             raise EdgeInferError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
@@ -84,11 +80,15 @@ def apply_penalties(logits: np.ndarray, recent: Sequence[int], params: SamplingP
     logits[ids] = values
 
 
-def sparse_bias(logit_bias: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+def sparse_bias(logit_bias: LogitBias) -> tuple[np.ndarray, np.ndarray]:
     """`logit_bias` as (ids, biases) arrays with each id once, its biases summed: built once
     per request, so applying it to a row is one fancy-indexed add."""
     if not logit_bias:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    for entry in logit_bias:
+        if len(entry) != 2 or entry[0] < 0 or math.isnan(entry[1]):
+            raise EdgeInferError(f"logit_bias entries are (token id >= 0, bias), got "
+                                 f"{entry!r}")
     ids, where = np.unique(np.array([t for t, _ in logit_bias], np.int64), return_inverse=True)
     biases = np.zeros(ids.shape[0], np.float64)
     np.add.at(biases, where, np.array([b for _, b in logit_bias], np.float64))
@@ -193,12 +193,12 @@ class Sampler:
     scratch buffer that is allocated on the first call and reused afterwards.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, logit_bias: LogitBias = ()) -> None:
         self.params = params
         self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
         self.rng = np.random.default_rng(self.seed)
         self._scratch: np.ndarray | None = None
-        self._bias_ids, self._bias = sparse_bias(params.logit_bias)
+        self._bias_ids, self._bias = sparse_bias(logit_bias)
 
     def reset(self) -> None:
         """Re-seed the RNG, so the sampler replays the same random stream."""
@@ -264,9 +264,9 @@ class Sampler:
         return min_p_filter(ids, candidates, params.min_p)
 
 
-def make_sampler(params: SamplingParams | None = None) -> Sampler:
+def make_sampler(params: SamplingParams | None = None, logit_bias: LogitBias = ()) -> Sampler:
     """Build the sampling chain for one request (defaults: llama.cpp's)."""
-    return Sampler(params if params is not None else SamplingParams())
+    return Sampler(params if params is not None else SamplingParams(), logit_bias)
 
 
 def top_probs(ids: np.ndarray, probs: np.ndarray, k: int) -> list[tuple[int, float]]:
