@@ -180,8 +180,8 @@ def _reject_unsupported(body: dict) -> None:
 
 def _n_cmpl(body: dict) -> int:
     """n_cmpl, else OpenAI's n: completions of each prompt (llama-server's n_cmpl field)."""
-    key = "n_cmpl" if body.get("n_cmpl") is not None else "n"
-    return _integer(body, key, 1, 1)
+    n = _integer(body, "n", 1, 1)  # checked even when n_cmpl wins over it
+    return _integer(body, "n_cmpl", n, 1)
 
 
 def _bias_value(value: Any, where: str) -> float:
@@ -312,8 +312,9 @@ def _prompt_pieces(value: Any) -> list[PromptPiece]:
         if value.get("multimodal_data") is not None:
             raise bad_request("Multimodal data provided, but model does not support "
                               "multimodal requests.")
-        if "prompt_string" in value:
-            return _prompt_pieces(value["prompt_string"])
+        text = value.get("prompt_string")
+        if isinstance(text, (str, list)):
+            return _prompt_pieces(text)
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value:
