@@ -1,9 +1,10 @@
 """Token sampling with llama.cpp's semantics and defaults.
 
 The chain is llama.cpp's default order (common/sampling.cpp), restricted to the samplers we
-support: penalties -> top_k -> top_p -> min_p -> temperature -> dist. Each stage is a small
-pure function over a set of candidates (token ids plus their logits); `Sampler` wires them
-together once per request and owns the only random state, a seeded `np.random.Generator`.
+support: logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> dist. Each
+stage is a small pure function over a set of candidates (token ids plus their logits);
+`Sampler` wires them together once per request and owns the only random state, a seeded
+`np.random.Generator`.
 
 Temperature <= 0 is greedy: argmax over the penalized logits (llama.cpp's greedy sampler).
 
@@ -14,6 +15,7 @@ fields (tests/test_sampling_defaults.py checks that they agree).
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +25,9 @@ import numpy as np
 from edgeinfer.errors import EdgeInferError, ModelFault
 
 N_PREDICT = -1  # tokens to generate (llama.cpp's n_predict); -1: until EOS or the context is full
+# (token id, bias) pairs added to the logits before any other sampler; -inf bans the token.
+# A token listed twice gets both (llama_sampler_logit_bias adds each entry).
+LogitBias = tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,21 @@ def apply_penalties(logits: np.ndarray, recent: Sequence[int], params: SamplingP
     values = np.where(values <= 0, values * params.repeat_penalty, values / params.repeat_penalty)
     values -= counts * params.frequency_penalty + params.presence_penalty
     logits[ids] = values
+
+
+def sparse_bias(logit_bias: LogitBias) -> tuple[np.ndarray, np.ndarray]:
+    """`logit_bias` as (ids, biases) arrays with each id once, its biases summed: built once
+    per request, so applying it to a row is one fancy-indexed add."""
+    if not logit_bias:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    for entry in logit_bias:
+        if len(entry) != 2 or entry[0] < 0 or math.isnan(entry[1]):
+            raise EdgeInferError(f"logit_bias entries are (token id >= 0, bias), got "
+                                 f"{entry!r}")
+    ids, where = np.unique(np.array([t for t, _ in logit_bias], np.int64), return_inverse=True)
+    biases = np.zeros(ids.shape[0], np.float64)
+    np.add.at(biases, where, np.array([b for _, b in logit_bias], np.float64))
+    return ids, biases.astype(np.float32)
 
 
 def top_k_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,15 +189,16 @@ def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 class Sampler:
     """A sampling chain built once from `SamplingParams`; its only state is its RNG.
 
-    `sample` never modifies the caller's logits: penalties are applied to a scratch buffer
-    that is allocated on the first call and reused afterwards.
+    `sample` never modifies the caller's logits: logit biases and penalties are applied to a
+    scratch buffer that is allocated on the first call and reused afterwards.
     """
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, logit_bias: LogitBias = ()) -> None:
         self.params = params
         self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
         self.rng = np.random.default_rng(self.seed)
         self._scratch: np.ndarray | None = None
+        self._bias_ids, self._bias = sparse_bias(logit_bias)
 
     def reset(self) -> None:
         """Re-seed the RNG, so the sampler replays the same random stream."""
@@ -188,13 +209,45 @@ class Sampler:
         Raises ModelFault on NaN or infinite logits."""
         check_finite(logits)
         params = self.params
-        if params.penalties_active and len(recent) > 0:
-            logits = self._penalized(logits, recent)
+        logits = self.adjusted(logits, recent)
         if params.temperature <= 0:
             return int(np.argmax(logits))
         ids, candidates = self._candidates(logits)
         probs = softmax(candidates / params.temperature)
         return int(ids[draw(probs, self.rng)])
+
+    def sample_with_probs(self, logits: np.ndarray, recent: Sequence[int] = ()
+                          ) -> tuple[int, np.ndarray, np.ndarray]:
+        """`sample`, plus the distribution the token was drawn from: the ids and
+        probabilities left after the chain, in no set order (greedy: the argmax alone, with
+        probability 1). Same token, same RNG use as `sample`. llama-server's
+        post_sampling_probs reports this distribution."""
+        check_finite(logits)
+        logits = self.adjusted(logits, recent)
+        if self.params.temperature <= 0:
+            token = int(np.argmax(logits))
+            return token, np.array([token]), np.ones(1)
+        ids, candidates = self._candidates(logits)
+        probs = softmax(candidates / self.params.temperature)
+        return int(ids[draw(probs, self.rng)]), ids, probs
+
+    def adjusted(self, logits: np.ndarray, recent: Sequence[int] = ()) -> np.ndarray:
+        """`logits` with the logit biases and penalties applied: the scratch buffer, or
+        `logits` itself when neither is active."""
+        penalize = self.params.penalties_active and len(recent) > 0
+        if not penalize and self._bias_ids.shape[0] == 0:
+            return logits
+        if self._scratch is None or self._scratch.shape != logits.shape:
+            self._scratch = np.empty(logits.shape, dtype=np.float32)
+        np.copyto(self._scratch, logits)
+        if self._bias_ids.shape[0]:
+            if self._bias_ids[-1] >= logits.shape[0]:  # sorted: the last is the largest
+                raise EdgeInferError(f"logit_bias names token {self._bias_ids[-1]}, outside "
+                                     f"the vocabulary ({logits.shape[0]})")
+            self._scratch[self._bias_ids] += self._bias
+        if penalize:
+            apply_penalties(self._scratch, recent, self.params)
+        return self._scratch
 
     def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and logits that survive top_k -> top_p -> min_p."""
@@ -210,17 +263,21 @@ class Sampler:
             ids, candidates = np.arange(n_vocab), logits
         return min_p_filter(ids, candidates, params.min_p)
 
-    def _penalized(self, logits: np.ndarray, recent: Sequence[int]) -> np.ndarray:
-        if self._scratch is None or self._scratch.shape != logits.shape:
-            self._scratch = np.empty(logits.shape, dtype=np.float32)
-        np.copyto(self._scratch, logits)
-        apply_penalties(self._scratch, recent, self.params)
-        return self._scratch
 
-
-def make_sampler(params: SamplingParams | None = None) -> Sampler:
+def make_sampler(params: SamplingParams | None = None, logit_bias: LogitBias = ()) -> Sampler:
     """Build the sampling chain for one request (defaults: llama.cpp's)."""
-    return Sampler(params if params is not None else SamplingParams())
+    return Sampler(params if params is not None else SamplingParams(), logit_bias)
+
+
+def top_probs(ids: np.ndarray, probs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k most likely of a distribution (`sample_with_probs`'s), best first, leaving out
+    tokens of probability 0 (as llama-server's populate_token_probs does)."""
+    k = max(0, min(k, ids.shape[0]))
+    if k == 0:
+        return []
+    best = np.argpartition(-probs, k - 1)[:k] if k < ids.shape[0] else np.arange(ids.shape[0])
+    best = best[np.argsort(-probs[best], kind="stable")]
+    return [(int(ids[i]), float(probs[i])) for i in best if probs[i] > 0.0]
 
 
 def top_logprobs(logits: np.ndarray, k: int) -> list[tuple[int, float]]:

@@ -17,14 +17,17 @@ from edgeinfer.sampling import (
     top_k_candidates,
     top_logprobs,
     top_p_keep,
+    top_probs,
 )
 
 
 def reference_distribution(
-    logits: np.ndarray, recent: list[int], params: SamplingParams
+    logits: np.ndarray, recent: list[int], params: SamplingParams, logit_bias=()
 ) -> dict[int, float]:
     """llama.cpp's chain written the slow, obvious way: token id -> probability."""
     x = [float(v) for v in logits]
+    for token, bias in logit_bias:  # llama_sampler_logit_bias: before the chain
+        x[token] += bias
     window = recent if params.repeat_last_n == -1 else recent[-params.repeat_last_n :]
     if params.repeat_last_n == 0:
         window = []
@@ -51,8 +54,9 @@ def reference_distribution(
     return {i: w / sum(weights) for i, w in zip(order, weights, strict=True)}
 
 
-def empirical(logits: np.ndarray, recent: list[int], params: SamplingParams, n: int) -> Counter:
-    sampler = make_sampler(params)
+def empirical(logits: np.ndarray, recent: list[int], params: SamplingParams, n: int,
+              logit_bias=()) -> Counter:
+    sampler = make_sampler(params, logit_bias)
     return Counter(sampler.sample(logits, recent) for _ in range(n))
 
 
@@ -138,16 +142,24 @@ CHAINS = [
         repeat_last_n=4,
         seed=16,
     ),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.01, seed=17),
+    SamplingParams(temperature=0.8, top_k=6, top_p=0.95, min_p=0.05, repeat_penalty=1.3,
+                   seed=18),
 ]
+BIASES = {  # CHAINS[i] runs with these logit biases
+    17: ((2, 1.5), (4, -math.inf), (2, 0.5), (9, -3.0)),
+    18: ((0, -math.inf), (3, 2.0), (11, 4.0)),
+}
 
 
 @pytest.mark.parametrize("params", CHAINS, ids=range(len(CHAINS)))
 def test_distribution_matches_reference(params):
     logits = random_logits(params.seed, n_vocab=12, scale=1.5)
     recent = [0, 3, 3, 5, 0, 3, 7]
-    expected = reference_distribution(logits, recent, params)
+    bias = BIASES.get(params.seed, ())
+    expected = reference_distribution(logits, recent, params, bias)
     n = 20_000
-    observed = empirical(logits, recent, params, n)
+    observed = empirical(logits, recent, params, n, bias)
     assert set(observed) <= set(expected), "sampled a token the chain filters out"
     # Allowed tokens with any real mass all appear; frequencies agree with the reference
     # (chi-square with <= 11 degrees of freedom: 40 is far beyond the 0.001 quantile).
@@ -230,3 +242,64 @@ def test_nucleus_without_full_sort_matches_full_sort(first_try, p):
         got_ids, got = nucleus_candidates(logits, p, first_try=first_try)
         np.testing.assert_array_equal(got_ids, ids[:n_keep])
         np.testing.assert_array_equal(got, candidates[:n_keep])
+
+
+def test_logit_bias_bans_and_boosts_greedy():
+    logits = np.array([1.0, 3.0, 2.9, -1.0], dtype=np.float32)
+    greedy = SamplingParams(temperature=0.0)
+    banned = make_sampler(greedy, ((1, -math.inf),))
+    assert banned.sample(logits, []) == 2
+    boosted = make_sampler(greedy, ((3, 2.0), (3, 2.5)))
+    assert boosted.sample(logits, []) == 3  # the two entries add: -1 + 4.5 > 3
+    assert logits[1] == 3.0 and logits[3] == -1.0  # the caller's row is untouched
+
+
+def test_logit_bias_reuses_one_scratch_buffer():
+    sampler = make_sampler(SamplingParams(temperature=1.0, seed=1), ((5, -1.0),))
+    logits = random_logits(3, n_vocab=64)
+    first = sampler.adjusted(logits)
+    assert first is not logits and first[5] == pytest.approx(logits[5] - 1.0)
+    assert sampler.adjusted(random_logits(4, n_vocab=64)) is first
+    plain = make_sampler(SamplingParams(temperature=1.0, seed=1))
+    assert plain.adjusted(logits) is logits  # nothing to apply: no copy
+
+
+def test_logit_bias_outside_the_vocabulary_raises():
+    sampler = make_sampler(SamplingParams(temperature=0.0), ((64, 1.0),))
+    with pytest.raises(EdgeInferError, match="outside the vocabulary"):
+        sampler.sample(random_logits(0, n_vocab=64), [])
+    with pytest.raises(EdgeInferError):
+        make_sampler(SamplingParams(), ((-1, 1.0),))
+
+
+@pytest.mark.parametrize("params", CHAINS, ids=range(len(CHAINS)))
+def test_sample_with_probs_is_the_reference_distribution(params):
+    logits = random_logits(params.seed, n_vocab=12, scale=1.5)
+    recent = [0, 3, 3, 5, 0, 3, 7]
+    bias = BIASES.get(params.seed, ())
+    expected = reference_distribution(logits, recent, params, bias)
+    with_probs, plain = make_sampler(params, bias), make_sampler(params, bias)
+    for _ in range(20):  # the same tokens as `sample`, from the same random stream
+        token, ids, probs = with_probs.sample_with_probs(logits, recent)
+        assert token == plain.sample(logits, recent)
+    got = {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
+    assert {i for i, p in got.items() if p > 0} == {i for i, p in expected.items() if p > 0}
+    for token, p in expected.items():
+        assert got.get(token, 0.0) == pytest.approx(p, rel=1e-5, abs=1e-9)
+    top = top_probs(ids, probs, 3)
+    best = sorted(((p, i) for i, p in expected.items() if p > 0), reverse=True)[:3]
+    assert [i for i, _ in top] == [i for _, i in best]
+    assert [p for _, p in top] == pytest.approx([p for p, _ in best], rel=1e-5)
+
+
+def test_sample_with_probs_greedy_is_the_argmax():
+    logits = random_logits(2, n_vocab=50)
+    token, ids, probs = make_sampler(SamplingParams(temperature=0.0)).sample_with_probs(logits)
+    assert token == int(np.argmax(logits)) and list(ids) == [token] and list(probs) == [1.0]
+
+
+def test_top_probs_leaves_out_zero_and_clamps_k():
+    ids, probs = np.array([7, 3, 9, 1]), np.array([0.25, 0.0, 0.5, 0.25])
+    assert top_probs(ids, probs, 10) == [(9, 0.5), (7, 0.25), (1, 0.25)]
+    assert top_probs(ids, probs, 1) == [(9, 0.5)]
+    assert top_probs(ids, probs, 0) == []

@@ -300,7 +300,7 @@ def test_malformed_json_is_400(server):
     {"messages": [{"role": "user", "content": "x"}], "max_tokens": -5},
     {"messages": [{"role": "user", "content": "x"}], "stop": 3},
     {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-    {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    {"messages": [{"role": "user", "content": "x"}], "n": 5},
     {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
 ])
 def test_bad_fields_are_400(server, body):

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from fastapi.testclient import TestClient
 
 from edgeinfer.server.app import Server, create_app
 from edgeinfer.server.engine import Engine
 from edgeinfer.server.errors import ApiError
-from edgeinfer.server.params import parse_chat, parse_completion, parse_prompts
+from edgeinfer.server.params import (
+    Vocab,
+    gen_params,
+    parse_chat,
+    parse_completion,
+    parse_prompts,
+)
 from edgeinfer.server.prefix import PrefixTree
 
 
@@ -173,3 +181,59 @@ def test_openapi_describes_every_route():
             assert ("401" in op["responses"]) == (path not in PUBLIC), path
     prompt = schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
     assert prompt["anyOf"][1]["items"]["anyOf"][0]["maximum"] == 99  # a token id
+
+
+# -- logit_bias, n_cmpl, JSON-object prompts (params.py) ------------------------------------
+FAKE_VOCAB = Vocab(n_vocab=100, eog=(2, 3), tokenize=lambda text: [10 + len(w) for w in
+                                                                 text.split()])
+
+
+def bias_of(body: dict, vocab: Vocab | None = FAKE_VOCAB) -> tuple:
+    return gen_params({"prompt": "x", **body}, vocab=vocab).logit_bias
+
+
+def test_logit_bias_forms_as_llama_server():
+    inf = math.inf
+    assert bias_of({"logit_bias": [[5, -1.5], [7, False]]}) == ((5, -1.5), (7, -inf))
+    assert bias_of({"logit_bias": {"5": 2, " 6": -1, "+7": 0.5}}) == (
+        (5, 2.0), (6, -1.0), (7, 0.5))  # integer keys are ids, as strtol reads them
+    assert bias_of({"logit_bias": {"ab cde": -3}}) == ((12, -3.0), (13, -3.0))  # tokenized
+    assert bias_of({"logit_bias": [["15", 1]]}) == ((12, 1.0),)  # a pair's string is text
+    assert bias_of({"logit_bias": [[5.0, 1]]}) == ((5, 1.0),)
+    assert bias_of({"logit_bias": None}) == bias_of({}) == ()
+    assert bias_of({"ignore_eos": True, "logit_bias": [[1, 1]]}) == (
+        (1, 1.0), (2, -inf), (3, -inf))  # EOG biases after the request's own
+
+
+@pytest.mark.parametrize("value", ["x", 5, [[1]], [[1, 2, 3]], [1, 2], [[1, None]],
+                                   [[1, True]], {"1": "a"}, [[100, 1]], [[-1, 1]],
+                                   {"100": 1}, [[None, 1]]])
+def test_bad_logit_bias_is_refused(value):
+    with pytest.raises(ApiError):
+        bias_of({"logit_bias": value})
+
+
+def test_logit_bias_strings_need_a_vocab():
+    assert bias_of({"logit_bias": [[5, 1]]}, vocab=None) == ((5, 1.0),)
+    with pytest.raises(ApiError):
+        bias_of({"logit_bias": [["text", 1]]}, vocab=None)
+
+
+def test_n_cmpl_and_n():
+    assert gen_params({}).n_cmpl == 1
+    assert gen_params({"n": 3}).n_cmpl == 3
+    assert gen_params({"n": 3, "n_cmpl": 2}).n_cmpl == 2  # n_cmpl first, as llama-server
+    for bad in ({"n": 0}, {"n_cmpl": 0}, {"n": "2"}, {"n": 2, "n_cmpl": -1}, {"n": 0,
+                                                                              "n_cmpl": 1}):
+        with pytest.raises(ApiError):
+            gen_params(bad)
+
+
+def test_json_object_prompts():
+    assert parse_prompts({"prompt_string": "hi"}) == [["hi"]]
+    assert parse_prompts({"prompt_string": [1, "hi"]}) == [[1, "hi"]]
+    assert parse_prompts([{"prompt_string": "a"}, "b"]) == [["a"], ["b"]]
+    for bad in ({"prompt_string": {"prompt_string": "x"}}, {"text": "x"},
+                {"prompt_string": "x", "multimodal_data": ["aGk="]}, [1, {"prompt_string": "x"}]):
+        with pytest.raises(ApiError):
+            parse_prompts(bad)

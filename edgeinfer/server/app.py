@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.server import responses as fmt
-from edgeinfer.server.engine import Engine, ErrorEvent, FinalEvent, Job, TokenEvent
+from edgeinfer.server.engine import Engine, ErrorEvent, FinalEvent, Job, ProgressEvent, TokenEvent
 from edgeinfer.server.errors import (
     BAD_KEY,
     LOADING,
@@ -40,6 +40,7 @@ from edgeinfer.server.openapi import openapi_schema
 from edgeinfer.server.params import (
     GenParams,
     PromptPiece,
+    Vocab,
     parse_chat,
     parse_completion,
     parse_messages,
@@ -98,6 +99,14 @@ class Server:
     def mailbox(self) -> Mailbox:
         """Created on first use, inside the server's event loop."""
         return Mailbox(asyncio.get_running_loop())
+
+    @cached_property
+    def vocab(self) -> Vocab:
+        """What request parsing needs of the model: logit_bias strings are tokenized as
+        llama-server's common_tokenize(vocab, text, false) does (no BOS, no specials)."""
+        tok = self.model.tokenizer
+        return Vocab(tok.n_vocab, tuple(sorted(tok.eog_ids)),
+                     lambda text: tok.encode(text, add_special=False, parse_special=False))
 
     def piece(self, token: int) -> bytes:
         return self.model.tokenizer.token_to_piece(token, special=True)
@@ -181,6 +190,16 @@ async def encode_prompts(server: Server, prompts: list[list[PromptPiece]]) -> li
     """Tokenizing a long prompt takes milliseconds per thousand tokens of Python: it runs in
     a worker thread, so the event loop keeps streaming the other requests meanwhile."""
     return await asyncio.to_thread(lambda: [encode_prompt(server, p) for p in prompts])
+
+
+def each_completion(server: Server, prompts: list[Any], params: GenParams) -> list[Any]:
+    """Each prompt n_cmpl times, in llama-server's order (a prompt's completions together);
+    n_cmpl is at most the number of slots, as there."""
+    n_slots = server.engine.n_slots
+    if not 1 <= params.n_cmpl <= n_slots:
+        raise bad_request(f"Field 'n_cmpl': Value must be between 1 <= value <= {n_slots}, "
+                          f"but got {params.n_cmpl}")
+    return [p for p in prompts for _ in range(params.n_cmpl)]
 
 
 def check_prompt(server: Server, ids: list[int]) -> None:
@@ -352,8 +371,8 @@ def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> EventSt
 # -- generation routes ---------------------------------------------------------------------
 async def completion(server: Server, request: Request) -> Response:
     """POST /completion: llama-server's native API."""
-    req = parse_completion(await read_json(server, request), oai=False)
-    prompts = await encode_prompts(server, req.prompts)
+    req = parse_completion(await read_json(server, request), oai=False, vocab=server.vocab)
+    prompts = each_completion(server, await encode_prompts(server, req.prompts), req.params)
     for ids in prompts:
         check_prompt(server, ids)
     tok = server.model.tokenizer
@@ -364,6 +383,8 @@ async def completion(server: Server, request: Request) -> Response:
         results = [fmt.Result(len(ids)) for ids in prompts]
 
         def chunks(index: int, event: Any) -> list[dict]:
+            if isinstance(event, ProgressEvent):
+                return [fmt.native_progress_chunk(event, index)]
             results[index].add(event)
             if isinstance(event, FinalEvent):
                 return [fmt.native_reply(results[index], index, ctxs[index], stream=True)]
@@ -374,10 +395,17 @@ async def completion(server: Server, request: Request) -> Response:
     return JSONResponse(replies[0] if len(replies) == 1 else replies)
 
 
+def _verbose(server: Server, params: GenParams, ids: list[int], result: fmt.Result) -> dict:
+    """__verbose: the native reply of the first choice (llama-server's `verbose` field)."""
+    ctx = fmt.NativeContext(server.model_id, params, server.engine.n_ctx, server.piece,
+                            server.model.tokenizer.decode(ids, special=True))
+    return {"__verbose": fmt.native_reply(result, 0, ctx, stream=False)}
+
+
 async def oai_completion(server: Server, request: Request) -> Response:
     """POST /v1/completions."""
-    req = parse_completion(await read_json(server, request), oai=True)
-    prompts = await encode_prompts(server, req.prompts)
+    req = parse_completion(await read_json(server, request), oai=True, vocab=server.vocab)
+    prompts = each_completion(server, await encode_prompts(server, req.prompts), req.params)
     for ids in prompts:
         check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
@@ -387,27 +415,37 @@ async def oai_completion(server: Server, request: Request) -> Response:
             return fmt.oai_completion_chunk(event, index, meta, server.piece)
         return stream(run, chunks, True, server.ping_interval(req.params))
     results = await collect(request, run)
-    return JSONResponse(fmt.oai_completion_reply(results, meta, server.piece))
+    reply = fmt.oai_completion_reply(results, meta, server.piece)
+    if req.params.verbose:
+        reply.update(_verbose(server, req.params, prompts[0], results[0]))
+    return JSONResponse(reply)
 
 
 async def chat(server: Server, request: Request) -> Response:
     """POST /v1/chat/completions."""
-    req = parse_chat(await read_json(server, request))
+    req = parse_chat(await read_json(server, request), vocab=server.vocab)
     text = render_chat(server, req.messages, req.add_generation_prompt, **req.template_kwargs)
     ids = await asyncio.to_thread(server.model.tokenize, text, True, True)
     check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
-    run = Run(server, [ids], req.params)
+    run = Run(server, each_completion(server, [ids], req.params), req.params)
     if req.params.stream:
-        started = []
+        started: set[int] = set()
 
         def chunks(index: int, event: Any) -> list[dict]:
-            head = [] if started else [fmt.chat_role_chunk(meta)]
-            started.append(True)
-            return head + fmt.chat_chunks(event, meta, server.piece, req.params.include_usage)
+            if isinstance(event, ProgressEvent) or index in started:
+                head = []
+            else:
+                head = [fmt.chat_role_chunk(meta, index)]
+                started.add(index)
+            return head + fmt.chat_chunks(event, meta, server.piece, req.params.include_usage,
+                                          index)
         return stream(run, chunks, True, server.ping_interval(req.params))
     results = await collect(request, run)
-    return JSONResponse(fmt.chat_reply(results[0], meta, server.piece, req.logprobs))
+    reply = fmt.chat_reply(results, meta, server.piece, req.logprobs)
+    if req.params.verbose:
+        reply.update(_verbose(server, req.params, ids, results[0]))
+    return JSONResponse(reply)
 
 
 # -- utility routes ------------------------------------------------------------------------
@@ -504,15 +542,23 @@ async def slots(server: Server, request: Request) -> Response:
 
 
 def _slot_json(slot: Any, n_ctx: int) -> dict:
-    job = slot.job  # read once: the engine thread may release it meanwhile
-    params = job.params if job is not None else GenParams()
-    n_predict = params.n_predict
-    return {
-        "id": slot.id, "id_task": slot.task_id, "n_ctx": n_ctx, "speculative": False,
-        "is_processing": job is not None, "params": fmt.settings_json(params, n_ctx),
-        "next_token": {"has_next_token": job is not None, "has_new_line": slot.has_new_line,
-                       "n_remain": n_predict - slot.n_decoded if n_predict >= 0 else -1,
-                       "n_decoded": slot.n_decoded}}
+    """server_slot::to_json(only_metrics): the last task's fields once the slot has had one;
+    an idle slot has nothing left to generate."""
+    job, params = slot.job, slot.params  # read once: the engine thread may change them
+    reply = {"id": slot.id, "n_ctx": n_ctx, "speculative": False,
+             "is_processing": job is not None}
+    if params is None:
+        return reply
+    busy = job is not None
+    n_decoded = slot.n_decoded if busy else 0
+    n_remain = params.n_predict - n_decoded if busy and params.n_predict >= 0 else -1
+    n_tokens = len(slot.cache)
+    return {**reply, "id_task": slot.task_id, "n_prompt_tokens": n_tokens,
+            "n_prompt_tokens_processed": max(0, min(n_tokens, slot.n_prompt) - slot.n_cached),
+            "n_prompt_tokens_cache": slot.n_cached,
+            "params": fmt.settings_json(params, n_ctx, only_metrics=True),
+            "next_token": [{"has_next_token": busy, "has_new_line": slot.has_new_line,
+                            "n_remain": n_remain, "n_decoded": n_decoded}]}
 
 
 async def metrics(server: Server, request: Request) -> Response:

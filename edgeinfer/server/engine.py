@@ -36,7 +36,7 @@ import numpy as np
 
 from edgeinfer.errors import EdgeInferError, ModelFault
 from edgeinfer.generate import StopMatcher
-from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs
+from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs, top_probs
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.params import GenParams
 from edgeinfer.server.prefix import PrefixTree
@@ -53,8 +53,20 @@ SHUTTING_DOWN = ApiError(503, "The server is shutting down")
 @dataclass
 class TokenProbs:
     token: int
-    logprob: float
-    top: list[tuple[int, float]]  # (id, logprob), best first
+    logprob: float  # with post_sampling: the probability after the sampling chain
+    top: list[tuple[int, float]]  # (id, logprob or probability), best first
+    post_sampling: bool = False
+
+
+@dataclass
+class ProgressEvent:
+    """Prompt processing so far (llama-server's prompt_progress, with return_progress)."""
+
+    total: int  # prompt tokens
+    cache: int  # of them reused from the KV cache
+    processed: int  # of them in the KV cache now, cached ones included
+    time_ms: float
+    slot: int
 
 
 @dataclass
@@ -107,6 +119,8 @@ class Slot:
     job: Job | None = None
     last_used: float = 0.0
     task_id: int = -1
+    params: GenParams | None = None  # the last job's, kept after it ends (for /slots)
+    n_prompt: int = 0  # the last job's prompt tokens
     # per-job state, reset by Engine._start
     n_cached: int = 0
     next_token: int = -1  # sampled, to be fed at position len(cache); -1 while prefilling
@@ -232,7 +246,6 @@ class Engine(threading.Thread):
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(self.n_slots, np.int32)
-        self.eog = np.array(sorted(self.model.tokenizer.eog_ids), np.int64)
         log.info("model loaded in %.2f s: %d slots x %d tokens of context, flash attention %s",
                  time.perf_counter() - t0, self.n_slots, tf.n_ctx,
                  "on" if tf.flash_attn else "off")
@@ -258,11 +271,13 @@ class Engine(threading.Thread):
         rows = self._build_batch()
         if rows is None:
             return
-        n, owners = rows
+        n, owners, prefilled = rows
         tf = self.model.transformer
         m = len(owners)
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
                    self.batch_rows[:m], self.logits[:m])
+        for slot in prefilled:
+            self._progress(slot)
         self.stats.n_decode += 1
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
@@ -342,15 +357,24 @@ class Engine(threading.Thread):
         n_past = min(n_past, len(prompt) - 1)  # re-evaluate one token to get logits
         slot.cache = list(prompt[:n_past])
         self.tree.set(slot.id, slot.cache)
-        slot.job, slot.task_id, slot.n_cached = job, job.id, n_past
+        slot.job, slot.task_id, slot.n_cached, slot.params = job, job.id, n_past, params
+        slot.n_prompt = len(prompt)
         slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
         slot.recent = list(prompt[-RECENT_MAX:])
-        slot.sampler = make_sampler(params.sampling)
+        slot.sampler = make_sampler(params.sampling, params.logit_bias)
         slot.decoder = self.model.tokenizer.stream_decoder()
         slot.matcher = StopMatcher(params.stop)
         slot.t_start = slot.t_last = time.perf_counter()
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
+        self._progress(slot)  # 0 %: what the cache holds
+
+    def _progress(self, slot: Slot) -> None:
+        params = slot.job.params
+        if params.stream and params.return_progress:
+            ms = 1e3 * (time.perf_counter() - slot.t_start)
+            slot.job.sink(ProgressEvent(len(slot.job.prompt), slot.n_cached, len(slot.cache),
+                                        ms, slot.id))
 
     def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         if self.saved.holds(src):
@@ -359,9 +383,10 @@ class Engine(threading.Thread):
             self.model.transformer.kv_cache.copy_prefix(src, dst, n_tokens)
 
     # -- batching ------------------------------------------------------------------------------
-    def _build_batch(self) -> tuple[int, list[Slot]] | None:
-        """Fill the batch arrays; return (n_tokens, slots owning each logits row)."""
-        n, owners = 0, []
+    def _build_batch(self) -> tuple[int, list[Slot], list[Slot]] | None:
+        """Fill the batch arrays; return (n_tokens, slots owning each logits row, slots
+        with prompt tokens in the batch)."""
+        n, owners, prefilled = 0, [], []
         for slot in self.slots:  # decoders first: one token each
             if slot.job is not None and slot.next_token >= 0:
                 n = self._put(n, slot.next_token, len(slot.cache), slot.id)
@@ -379,10 +404,11 @@ class Engine(threading.Thread):
                 n = self._put(n, token, start + i, slot.id)
             slot.cache.extend(chunk)
             budget -= len(chunk)
+            prefilled.append(slot)
             if len(slot.cache) == len(prompt):
                 self.batch_rows[len(owners)] = n - 1
                 owners.append(slot)
-        return (n, owners) if n else None
+        return (n, owners, prefilled) if n else None
 
     def _prefill_budget(self, n_decoding: int) -> int:
         """Prompt tokens this step may add: a full batch when nobody is decoding, else a
@@ -404,10 +430,14 @@ class Engine(threading.Thread):
             self.stats.prompt_seconds += now - slot.t_start
             if job.params.n_predict == 0:
                 return self._finish(slot, "limit")
-        if job.params.ignore_eos:
-            row[self.eog] = -np.inf
-        token = slot.sampler.sample(row, slot.recent)
-        probs = slot_probs(row, token, job.params.n_probs) if job.params.logprobs else None
+        params = job.params  # ignore_eos is in the sampler: -inf logit biases (params.py)
+        if params.logprobs and params.post_sampling_probs:
+            token, ids, dist = slot.sampler.sample_with_probs(row, slot.recent)
+            prob = float(dist[ids == token].sum())
+            probs = TokenProbs(token, prob, top_probs(ids, dist, params.n_probs), True)
+        else:
+            token = slot.sampler.sample(row, slot.recent)
+            probs = slot_probs(row, token, params.n_probs) if params.logprobs else None
         self._accept(slot, token, probs, now)
 
     def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:

@@ -2,7 +2,8 @@
 
 Request schemas carry the limits the parser enforces (params.py, json_body.py), so a client
 generator or a schema-driven fuzzer (tests/test_server_fuzz.py) produces requests the server
-accepts; fields the server refuses (grammar, tools, n > 1, ...) are left out. Unknown fields
+accepts; fields the server refuses (grammar, tools, ...) are left out, and so is
+`response_fields`, which reshapes the reply beyond its schema. Unknown fields
 are allowed, as llama-server ignores them. Reply schemas name the fields clients rely on and
 allow more. The bounds that depend on the loaded model (vocabulary size, slots) are filled in
 per server by `openapi_schema`.
@@ -33,7 +34,17 @@ def _obj(properties: dict, required: tuple[str, ...] = (), **extra: Any) -> dict
     return {"type": "object", "properties": properties, "required": list(required), **extra}
 
 
-def _generation_fields(n_slots: int) -> dict:
+def _logit_bias(n_vocab: int) -> dict:
+    """{token: bias} or [[token, bias]]: a token is an id or a string (its tokens), a bias a
+    number or false (-inf). An object's integer keys must be ids in the vocabulary too."""
+    bias = {"anyOf": [{"type": "number"}, {"const": False}]}
+    pair = {"type": "array", "minItems": 2, "maxItems": 2,
+            "prefixItems": [{"anyOf": [_int(0, n_vocab - 1), {"type": "string"}]}, bias]}
+    return {"anyOf": [{"type": "object", "additionalProperties": bias},
+                      {"type": "array", "items": pair}]}
+
+
+def _generation_fields(n_slots: int, n_vocab: int) -> dict:
     """Fields every completion route takes (params.gen_params); out-of-range numbers of the
     clamped sampling fields are accepted and clamped, as llama-server does."""
     n_predict = _int(-1, description="tokens to generate; -1: until EOS or the context fills")
@@ -59,7 +70,12 @@ def _generation_fields(n_slots: int) -> dict:
         "timings_per_token": {"type": "boolean"},
         "sse_ping_interval": {"type": "number", "minimum": -1, "maximum": INT32_MAX,
                               "description": "seconds, at least 1; <= 0: no pings"},
-        "n": {"const": 1}, "n_cmpl": {"const": 1},
+        "n": _int(1, description="completions of each prompt, at most the slots"),
+        "n_cmpl": _int(1, n_slots, description="completions of each prompt (wins over n)"),
+        "logit_bias": _logit_bias(n_vocab),
+        "post_sampling_probs": {"type": "boolean"},
+        "return_progress": {"type": "boolean"},
+        "verbose": {"type": "boolean"},
         # refused unless empty (params._reject_unsupported): a constraint silently ignored
         # would be worse than a 400
         **{key: EMPTY for key in UNSUPPORTED},
@@ -72,12 +88,14 @@ def _prompt(n_vocab: int) -> dict:
     one = {"anyOf": [text,
                      {"type": "array", "minItems": 1,
                       "items": {"anyOf": [token, {"type": "string"}]}}]}
+    text_object = {"type": "object", "required": ["prompt_string"],  # no multimodal_data
+                   "properties": {"prompt_string": one, "multimodal_data": {"type": "null"}}}
     many = {"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS,
-            "items": {"anyOf": [text, one["anyOf"][1]]}}
+            "items": {"anyOf": [text, one["anyOf"][1], text_object]}}
     # an array of more than MAX_PROMPTS strings (or arrays) is that many prompts: refused
     too_many = {"type": "array", "minItems": MAX_PROMPTS + 1,
-                "items": {"type": ["string", "array"]}}
-    return {"anyOf": [*one["anyOf"], many], "not": too_many}
+                "items": {"type": ["string", "array", "object"]}}
+    return {"anyOf": [*one["anyOf"], text_object, many], "not": too_many}
 
 
 def _message() -> dict:
@@ -98,7 +116,7 @@ def _null_is_default(schema: dict) -> dict:
 
 
 def _request_schemas(n_vocab: int, n_slots: int) -> dict:
-    gen = _generation_fields(n_slots)
+    gen = _generation_fields(n_slots, n_vocab)
     messages = {"type": "array", "minItems": 1, "items": _ref("Message")}
     template_kwargs = {"type": "object",
                        "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}
@@ -211,7 +229,7 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
     """The description of this server's routes, for a model of `n_vocab` tokens served in
     `n_slots` slots; with `api_key`, every route but the `public` ones needs it."""
     native = {"anyOf": [_ref("NativeReply"), {"type": "array", "items": _ref("NativeReply"),
-                                               "maxItems": MAX_PROMPTS}]}
+                                               "maxItems": MAX_PROMPTS * n_slots}]}
     completion = _post("llama-server's native completion", "CompletionRequest", native, True)
     chat = _post("OpenAI chat completion", "ChatRequest", _ref("ChatReply"), True)
     fail_on_no_slot = {"name": "fail_on_no_slot", "in": "query", "schema": {"type": "string"}}

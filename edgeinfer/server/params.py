@@ -7,11 +7,13 @@ wrong raises `ApiError(400)` with a one-line message; nothing downstream re-chec
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import N_PREDICT, SamplingParams
+from edgeinfer.sampling import N_PREDICT, LogitBias, SamplingParams
 from edgeinfer.server.errors import bad_request
 
 SAMPLING = SamplingParams()  # the defaults of the request's sampling fields
@@ -33,6 +35,7 @@ class GenParams:
     """Everything one generation needs besides its prompt tokens."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    logit_bias: LogitBias = ()  # ignore_eos's -inf for each end-of-generation token included
     n_predict: int = N_PREDICT  # -1: until EOS or the context is full
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -45,6 +48,11 @@ class GenParams:
     return_tokens: bool = False
     timings_per_token: bool = False
     sse_ping_interval: float | None = None  # None: the server's --sse-ping-interval
+    n_cmpl: int = 1  # completions per prompt ("n"); the server checks it against its slots
+    post_sampling_probs: bool = False  # n_probs after the sampling chain, as probabilities
+    return_progress: bool = False  # stream prompt_progress events while the prompt is read
+    response_fields: tuple[str, ...] = ()  # /completion: only these fields ("a/b": nested)
+    verbose: bool = False  # add __verbose (the native reply) to OpenAI replies
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,15 @@ class ChatRequest:
     logprobs: bool = False
     add_generation_prompt: bool = True
     template_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What parsing needs from the model: token-level fields (logit_bias, ignore_eos)."""
+
+    n_vocab: int
+    eog: tuple[int, ...] = ()  # end-of-generation ids: ignore_eos bans them
+    tokenize: Callable[[str], list[int]] | None = None  # no BOS, specials as text
 
 
 # -- typed field readers --------------------------------------------------------------------
@@ -149,7 +166,8 @@ def _sampling(body: dict) -> SamplingParams:
 
 
 UNSUPPORTED = ("grammar", "json_schema", "mirostat", "dry_multiplier", "xtc_probability",
-               "lora", "logit_bias")
+               "lora")
+_TOKEN_ID = re.compile(r"\s*[+-]?\d+")
 
 
 def _reject_unsupported(body: dict) -> None:
@@ -158,12 +176,92 @@ def _reject_unsupported(body: dict) -> None:
         value = body.get(key)
         if value not in (None, "", [], {}, 0, 0.0):
             raise bad_request(f"'{key}' is not supported by this server")
-    if _integer(body, "n", 1) != 1 or _integer(body, "n_cmpl", 1) != 1:
-        raise bad_request("Only one completion choice is allowed")
 
 
-def gen_params(body: dict, n_probs: int = 0) -> GenParams:
-    """The generation settings shared by every completion route."""
+def _n_cmpl(body: dict) -> int:
+    """n_cmpl, else OpenAI's n: completions of each prompt (llama-server's n_cmpl field)."""
+    n = _integer(body, "n", 1, 1)  # checked even when n_cmpl wins over it
+    return _integer(body, "n_cmpl", n, 1)
+
+
+def _bias_value(value: Any, where: str) -> float:
+    """A number, or false: -inf, the token is never sampled (llama-server's parse_bias)."""
+    if value is False:
+        return -math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise bad_request(f"'logit_bias' {where}: the bias must be a number or false, "
+                          f"got {value!r:.40}")
+    return float(value)
+
+
+def _bias_tokens(key: Any, vocab: Vocab | None, where: str, is_key: bool) -> list[int]:
+    """A token id, or a string whose tokens all get the bias (llama-server's logit_bias).
+    An object's key that reads as an integer is an id (strtol there)."""
+    if is_key and _TOKEN_ID.fullmatch(key):
+        key = int(key)
+    key = _as_id(key)
+    if _is_id(key):
+        if key < 0 or (vocab is not None and key >= vocab.n_vocab):
+            raise bad_request(f"'logit_bias' {where}: token id {key} is outside the vocabulary")
+        return [key]
+    if isinstance(key, str) and vocab is not None and vocab.tokenize is not None:
+        return vocab.tokenize(key)
+    raise bad_request(f"'logit_bias' {where}: expected a token id or a string, got {key!r:.40}")
+
+
+def _logit_bias(body: dict, vocab: Vocab | None, ignore_eos: bool) -> LogitBias:
+    """llama-server's forms: {"id" or "text": bias} (OpenAI's), [[id or "text", bias]];
+    with ignore_eos every end-of-generation token is appended with -inf, as llama-server
+    does (so generation_settings lists them)."""
+    value = _default(body.get("logit_bias"), [])
+    is_key = isinstance(value, dict)
+    if is_key:
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(e, list) and len(e) == 2 for e in value):
+        pairs = [(e[0], e[1]) for e in value]
+    else:
+        raise bad_request("'logit_bias' must be an object {token: bias} or an array of "
+                          "[token, bias] pairs")
+    bias = []
+    for i, (key, number) in enumerate(pairs):
+        where = f"entry {i}"
+        b = _bias_value(number, where)
+        bias += [(token, b) for token in _bias_tokens(key, vocab, where, is_key)]
+    if ignore_eos and vocab is not None:
+        bias += [(token, -math.inf) for token in vocab.eog]
+    return tuple(bias)
+
+
+def _sampling(body: dict) -> SamplingParams:
+    seed = _integer(body, "seed", -1, -1, 2**64 - 1)  # -1 and DEFAULT_SEED: None, random
+    if seed == -1 or seed == DEFAULT_SEED:
+        seed = None
+    try:
+        return SamplingParams(
+            temperature=_number(body, "temperature", SAMPLING.temperature, 0.0, clamp=True),
+            top_k=max(_integer(body, "top_k", SAMPLING.top_k), 0),
+            top_p=_number(body, "top_p", SAMPLING.top_p, 0.0, 1.0, clamp=True),
+            min_p=_number(body, "min_p", SAMPLING.min_p, 0.0, 1.0, clamp=True),
+            repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
+            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n, -1),
+            presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
+            frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
+            seed=seed)
+    except EdgeInferError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def _response_fields(body: dict) -> tuple[str, ...]:
+    value = _default(body.get("response_fields"), [])
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise bad_request("'response_fields' must be an array of strings")
+    return tuple(value)
+
+
+def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None) -> GenParams:
+    """The generation settings shared by every completion route. `vocab` resolves
+    logit_bias strings and ignore_eos; without it only token ids are taken."""
     _reject_unsupported(body)
     n_predict = N_PREDICT
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
@@ -173,16 +271,20 @@ def gen_params(body: dict, n_probs: int = 0) -> GenParams:
     if not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object")
     n_probs = _integer(body, "n_probs", n_probs, 0, 100)
+    ignore_eos = _boolean(body, "ignore_eos", False)
     return GenParams(
-        sampling=_sampling(body), n_predict=n_predict, stop=_stop(body),
+        sampling=_sampling(body), logit_bias=_logit_bias(body, vocab, ignore_eos),
+        n_predict=n_predict, stop=_stop(body),
         stream=_boolean(body, "stream", False), n_probs=n_probs, logprobs=n_probs > 0,
         cache_prompt=_boolean(body, "cache_prompt", True),
-        ignore_eos=_boolean(body, "ignore_eos", False),
-        id_slot=_integer(body, "id_slot", -1, -1),
+        ignore_eos=ignore_eos, id_slot=_integer(body, "id_slot", -1, -1),
         include_usage=_boolean(stream_options, "include_usage", False),
         return_tokens=_boolean(body, "return_tokens", False),
         timings_per_token=_boolean(body, "timings_per_token", False),
-        sse_ping_interval=_ping_interval(body))
+        sse_ping_interval=_ping_interval(body), n_cmpl=_n_cmpl(body),
+        post_sampling_probs=_boolean(body, "post_sampling_probs", False),
+        return_progress=_boolean(body, "return_progress", False),
+        response_fields=_response_fields(body), verbose=_boolean(body, "verbose", False))
 
 
 def _ping_interval(body: dict) -> float | None:
@@ -206,6 +308,13 @@ def _is_id(value: Any) -> bool:
 
 
 def _prompt_pieces(value: Any) -> list[PromptPiece]:
+    if isinstance(value, dict):  # {"prompt_string": ..., "multimodal_data": [...]}
+        if value.get("multimodal_data") is not None:
+            raise bad_request("Multimodal data provided, but model does not support "
+                              "multimodal requests.")
+        text = value.get("prompt_string")
+        if isinstance(text, (str, list)):
+            return _prompt_pieces(text)
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value:
@@ -213,27 +322,25 @@ def _prompt_pieces(value: Any) -> list[PromptPiece]:
         if all(isinstance(p, str) or _is_id(p) for p in pieces):
             return pieces
     raise bad_request("'prompt' must be a string, an array of token ids or strings, "
-                      "or an array of those")
+                      "an object with a 'prompt_string', or an array of those")
 
 
 def parse_prompts(value: Any) -> list[list[PromptPiece]]:
-    """llama-server's tokenize_input_prompts shapes: "text", [ids], [12, "text"], or an array
-    of those (one completion each)."""
+    """llama-server's tokenize_input_prompts shapes: "text", [ids], [12, "text"],
+    {"prompt_string": "text"}, or an array of those without ids at its top level (one
+    completion each)."""
     if value is None:
         raise bad_request("'prompt' is required")
-    if isinstance(value, list) and value and all(isinstance(p, (list, str)) for p in value) \
-            and any(isinstance(p, list) for p in value):
-        prompts = [_prompt_pieces(p) for p in value]
-    elif isinstance(value, list) and len(value) > 1 and all(isinstance(p, str) for p in value):
-        prompts = [[p] for p in value]
-    else:
-        return [_prompt_pieces(value)]
-    if len(prompts) > MAX_PROMPTS:
-        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
-    return prompts
+    if not (isinstance(value, list) and len(value) > 1
+            and not any(_is_id(_as_id(p)) for p in value)):
+        return [_prompt_pieces(value[0] if isinstance(value, list) and len(value) == 1
+                               and isinstance(value[0], (list, dict)) else value)]
+    if len(value) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}")
+    return [_prompt_pieces(p) for p in value]
 
 
-def parse_completion(body: dict, oai: bool) -> CompletionRequest:
+def parse_completion(body: dict, oai: bool, vocab: Vocab | None = None) -> CompletionRequest:
     """/completion (native) or /v1/completions (OpenAI: `logprobs: N` means n_probs)."""
     n_probs = 0
     if oai:
@@ -244,7 +351,8 @@ def parse_completion(body: dict, oai: bool) -> CompletionRequest:
                 raise bad_request(f"Unsupported param: {key}")
         n_probs = _integer(body, "logprobs", 0, 0, 100)
         _check_model(body)
-    return CompletionRequest(parse_prompts(body.get("prompt")), gen_params(body, n_probs))
+    return CompletionRequest(parse_prompts(body.get("prompt")),
+                             gen_params(body, n_probs, vocab))
 
 
 # -- tokenizer routes -------------------------------------------------------------------------
@@ -308,7 +416,7 @@ def parse_messages(value: Any) -> list[dict]:
     return messages
 
 
-def parse_chat(body: dict) -> ChatRequest:
+def parse_chat(body: dict, vocab: Vocab | None = None) -> ChatRequest:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("response_format: only {\"type\": \"text\"} is supported")
@@ -325,6 +433,6 @@ def parse_chat(body: dict) -> ChatRequest:
         raise bad_request("'chat_template_kwargs' must be an object")
     for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
         raise bad_request(f"'chat_template_kwargs' may not set '{key}': the server does")
-    params = replace(gen_params(body, n_probs), logprobs=logprobs)
+    params = replace(gen_params(body, n_probs, vocab), logprobs=logprobs)
     return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
                        _boolean(body, "add_generation_prompt", True), kwargs)

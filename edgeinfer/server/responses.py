@@ -8,17 +8,21 @@ pieces come through the `piece` callable (token id -> bytes).
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edgeinfer.server.engine import FinalEvent, TokenEvent, TokenProbs
+from edgeinfer import __version__
+from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent, TokenProbs
 from edgeinfer.server.params import DEFAULT_SEED, GenParams
 
 FLOAT_LOWEST = -3.4028234663852886e38  # llama-server sends this instead of -inf
-BUILD_INFO = "edgeinfer-0.1.0"
+# llama_build_info()'s form, "b<build number>-<commit>" (clients check the "b"); edgeinfer
+# has no llama.cpp build number, so 0, as a llama.cpp built outside git reports
+BUILD_INFO = f"b0-edgeinfer-{__version__}"
 Piece = Callable[[int], bytes]
 _ALNUM = string.ascii_letters + string.digits
 
@@ -57,7 +61,9 @@ class Result:
     probs: list[TokenProbs] = field(default_factory=list)
     final: FinalEvent | None = None
 
-    def add(self, event: TokenEvent | FinalEvent) -> None:
+    def add(self, event: TokenEvent | FinalEvent | ProgressEvent) -> None:
+        if isinstance(event, ProgressEvent):
+            return
         if isinstance(event, TokenEvent):
             self.text.append(event.text)
             self.tokens.append(event.token)
@@ -82,20 +88,56 @@ def usage(final: FinalEvent) -> dict:
             "prompt_tokens_details": {"cached_tokens": final.n_cached}}
 
 
-def settings_json(params: GenParams, n_ctx: int) -> dict:
-    """llama-server's generation_settings / slot params."""
+# what llama-server's task_params::to_json reports for the samplers edgeinfer does not have:
+# their defaults (common/common.h), i.e. off
+_ABSENT_SAMPLERS = {
+    "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,
+    "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0, "dry_multiplier": 0.0,
+    "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+    "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0, "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
+}
+
+
+def logit_bias_json(logit_bias: tuple[tuple[int, float], ...]) -> list[dict]:
+    """format_logit_bias: -inf is null, as nlohmann::json writes it."""
+    return [{"bias": None if math.isinf(b) and b < 0 else b, "token": t} for t, b in logit_bias]
+
+
+# what task_params::to_json(only_metrics=true) leaves out (/slots shows that form)
+_NOT_METRICS = ("stop", "dry_sequence_breakers", "logit_bias", "grammar", "grammar_lazy",
+                "grammar_triggers", "preserved_tokens")
+
+
+def settings_json(params: GenParams, n_ctx: int, only_metrics: bool = False) -> dict:
+    """llama-server's generation_settings / slot params (task_params::to_json)."""
+    settings = _settings(params, n_ctx)
+    if only_metrics:
+        for key in _NOT_METRICS:
+            del settings[key]
+    return settings
+
+
+def _settings(params: GenParams, n_ctx: int) -> dict:
     s = params.sampling
     return {
-        "n_ctx": n_ctx, "n_predict": params.n_predict, "max_tokens": params.n_predict,
-        "seed": DEFAULT_SEED if s.seed is None else s.seed, "temperature": s.temperature,
-        "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "n_ctx": n_ctx, "seed": DEFAULT_SEED if s.seed is None else s.seed,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
         "repeat_last_n": s.repeat_last_n, "repeat_penalty": s.repeat_penalty,
         "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
-        "stop": list(params.stop), "n_keep": 0, "stream": params.stream,
-        "n_probs": params.n_probs, "ignore_eos": params.ignore_eos,
-        "cache_prompt": params.cache_prompt, "id_slot": params.id_slot,
+        **_ABSENT_SAMPLERS,
+        "stop": list(params.stop), "max_tokens": params.n_predict,
+        "n_predict": params.n_predict, "n_keep": 0, "n_discard": 0,
+        "ignore_eos": params.ignore_eos, "stream": params.stream,
+        "logit_bias": logit_bias_json(params.logit_bias), "n_probs": params.n_probs,
+        "min_keep": 0, "grammar": "", "grammar_lazy": False, "grammar_triggers": [],
+        "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
+        "reasoning_in_content": False, "generation_prompt": "",
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-        "speculative": False,
+        "speculative.types": "none", "timings_per_token": params.timings_per_token,
+        "post_sampling_probs": params.post_sampling_probs, "backend_sampling": False,
+        "lora": [],
+        "cache_prompt": params.cache_prompt, "id_slot": params.id_slot, "speculative": False,
     }
 
 
@@ -104,16 +146,28 @@ def _logprob(value: float) -> float:
     return max(FLOAT_LOWEST, value)
 
 
-def _token_json(token: int, logprob: float, piece: Piece) -> dict:
+def _token_json(token: int, value: float, piece: Piece, post_sampling: bool) -> dict:
     data = piece(token)
+    key, value = ("prob", value) if post_sampling else ("logprob", _logprob(value))
     return {"id": token, "token": data.decode("utf-8", errors="replace"),
-            "bytes": list(data), "logprob": _logprob(logprob)}
+            "bytes": list(data), key: value}
 
 
 def probs_json(probs: list[TokenProbs], piece: Piece) -> list[dict]:
-    """completion_probabilities (native) and logprobs.content (OpenAI) share this shape."""
-    return [{**_token_json(p.token, p.logprob, piece),
-             "top_logprobs": [_token_json(t, lp, piece) for t, lp in p.top]} for p in probs]
+    """completion_probabilities (native) and logprobs.content (OpenAI) share this shape;
+    with post_sampling_probs, probabilities: prob and top_probs."""
+    out = []
+    for p in probs:
+        post = p.post_sampling
+        top = [_token_json(t, v, piece, post) for t, v in p.top]
+        out.append({**_token_json(p.token, p.logprob, piece, post),
+                    "top_probs" if post else "top_logprobs": top})
+    return out
+
+
+def progress_json(event: ProgressEvent) -> dict:
+    return {"total": event.total, "cache": event.cache, "processed": event.processed,
+            "time_ms": int(event.time_ms)}
 
 
 # -- native /completion --------------------------------------------------------------------
@@ -138,6 +192,30 @@ def native_token_chunk(event: TokenEvent, index: int, n_prompt: int,
     return chunk
 
 
+def native_progress_chunk(event: ProgressEvent, index: int) -> dict:
+    """A stream event while the prompt is read (return_progress)."""
+    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": event.slot,
+            "tokens_predicted": 0, "tokens_evaluated": event.total,
+            "prompt_progress": progress_json(event)}
+
+
+def pick_fields(fields: tuple[str, ...], reply: dict) -> dict:
+    """json_get_nested_values: only `fields`, each under its own name; "a/b" is reply[a][b];
+    a missing one is left out."""
+    picked = {}
+    for path in fields:
+        value, found = reply, True
+        for key in path.split("/"):
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                found = False
+                break
+        if found:
+            picked[path] = value
+    return picked
+
+
 def native_reply(result: Result, index: int, ctx: NativeContext, stream: bool) -> dict:
     """The final object: the whole reply without streaming, the last event with it."""
     final = result.final
@@ -154,7 +232,8 @@ def native_reply(result: Result, index: int, ctx: NativeContext, stream: bool) -
     }
     if ctx.params.n_probs and not stream:
         reply["completion_probabilities"] = probs_json(result.probs, ctx.piece)
-    return reply
+    fields = ctx.params.response_fields
+    return pick_fields(fields, reply) if fields else reply
 
 
 # -- OpenAI /v1/completions ----------------------------------------------------------------
@@ -170,8 +249,12 @@ def oai_completion_reply(results: list[Result], meta: Meta, piece: Piece) -> dic
     return body
 
 
-def oai_completion_chunk(event: TokenEvent | FinalEvent, index: int, meta: Meta,
-                         piece: Piece) -> list[dict]:
+def oai_completion_chunk(event: TokenEvent | FinalEvent | ProgressEvent, index: int,
+                         meta: Meta, piece: Piece) -> list[dict]:
+    if isinstance(event, ProgressEvent):
+        choice = {"text": "", "index": index, "logprobs": None, "finish_reason": None}
+        return [{**meta.head("text_completion"), "choices": [choice],
+                 "prompt_progress": progress_json(event)}]
     if isinstance(event, FinalEvent):
         choice = {"text": event.text, "index": index, "logprobs": None,
                   "finish_reason": finish_reason(event)}
@@ -196,28 +279,36 @@ def _sum_usage(finals: list[FinalEvent]) -> dict:
 
 
 # -- OpenAI /v1/chat/completions -----------------------------------------------------------
-def chat_reply(result: Result, meta: Meta, piece: Piece, logprobs: bool) -> dict:
-    choice = {"index": 0, "finish_reason": finish_reason(result.final),
-              "message": {"role": "assistant", "content": result.content}}
-    if logprobs:
-        choice["logprobs"] = {"content": probs_json(result.probs, piece)}
-    return {**meta.head("chat.completion"), "choices": [choice],
-            "usage": usage(result.final), "timings": result.final.timings}
+def chat_reply(results: list[Result], meta: Meta, piece: Piece, logprobs: bool) -> dict:
+    """One choice per result (n > 1: several), as llama-server merges its tasks' replies."""
+    choices = []
+    for i, result in enumerate(results):
+        choice = {"index": i, "finish_reason": finish_reason(result.final),
+                  "message": {"role": "assistant", "content": result.content}}
+        if logprobs:
+            choice["logprobs"] = {"content": probs_json(result.probs, piece)}
+        choices.append(choice)
+    finals = [r.final for r in results]
+    return {**meta.head("chat.completion"), "choices": choices,
+            "usage": usage(finals[0]) if len(finals) == 1 else _sum_usage(finals),
+            "timings": finals[0].timings}
 
 
-def chat_role_chunk(meta: Meta) -> dict:
+def chat_role_chunk(meta: Meta, index: int = 0) -> dict:
     delta = {"role": "assistant", "content": None}
     return {**meta.head("chat.completion.chunk"),
-            "choices": [{"index": 0, "finish_reason": None, "delta": delta}]}
+            "choices": [{"index": index, "finish_reason": None, "delta": delta}]}
 
 
-def chat_chunks(event: TokenEvent | FinalEvent, meta: Meta, piece: Piece,
-                include_usage: bool) -> list[dict]:
+def chat_chunks(event: TokenEvent | FinalEvent | ProgressEvent, meta: Meta, piece: Piece,
+                include_usage: bool, index: int = 0) -> list[dict]:
     head = meta.head("chat.completion.chunk")
+    if isinstance(event, ProgressEvent):  # llama-server repeats the role delta with it
+        return [{**chat_role_chunk(meta, index), "prompt_progress": progress_json(event)}]
     if isinstance(event, TokenEvent):
         if not event.text and event.probs is None:
             return []
-        choice = {"index": 0, "finish_reason": None, "delta": {"content": event.text}}
+        choice = {"index": index, "finish_reason": None, "delta": {"content": event.text}}
         if event.probs is not None:
             choice["logprobs"] = {"content": probs_json([event.probs], piece)}
         chunk = {**head, "choices": [choice]}
@@ -227,9 +318,9 @@ def chat_chunks(event: TokenEvent | FinalEvent, meta: Meta, piece: Piece,
     chunks = []
     if event.text:
         delta = {"content": event.text}
-        chunks.append({**head, "choices": [{"index": 0, "finish_reason": None,
+        chunks.append({**head, "choices": [{"index": index, "finish_reason": None,
                                             "delta": delta}]})
-    chunks.append({**head, "choices": [{"index": 0, "finish_reason": finish_reason(event),
+    chunks.append({**head, "choices": [{"index": index, "finish_reason": finish_reason(event),
                                         "delta": {}}], "timings": event.timings})
     if include_usage:
         chunks.append({**head, "choices": [], "usage": usage(event),
