@@ -8,7 +8,7 @@ Anthropic Messages, OpenAI Responses) renders in its own event shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
