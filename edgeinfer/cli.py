@@ -143,52 +143,13 @@ def bench(
            _flash(flash_attn))
 
 
-@app.command()
-def serve(
-    model: str | None = MODEL_ARG,
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8080, "--port",
-                            help="0: a free port, named in the 'listening on' line."),
-    ctx_size: int = CTX,
-    flash_attn: FlashAttn = FLASH,
-    parallel: int = typer.Option(-1, "-np", "--parallel",
-                                 help="Parallel sequence slots (-1: auto, 4)."),
-    api_key: str | None = typer.Option(None, "--api-key", help="Require this bearer key."),
-    threads: int | None = THREADS,
-    metrics: bool = typer.Option(False, "--metrics", help="Enable /metrics."),
-    alias: str | None = typer.Option(None, "-a", "--alias", help="Model name in the API."),
-    cache_ram: int = typer.Option(1024, "-cram", "--cache-ram",
-                                  help="MiB of RAM for prompts no slot holds any more (0: off)."),
-    max_body_bytes: int = typer.Option(64 << 20, "--max-body-bytes",
-                                       help="Larger request bodies get 413 (default 64 MiB)."),
-    sse_ping_interval: float = typer.Option(
-        30.0, "--sse-ping-interval", help="Seconds between SSE keep-alive comments (<= 0: none)."),
-    cors_origins: str = typer.Option(
-        "localhost", "--cors-origins",
-        help="Origins browsers may call from: exact origins, * or localhost (the default)."),
-    allowed_hosts: str = typer.Option(
-        "", "--allowed-hosts",
-        help="Host names accepted besides IPs, localhost and this machine's (*: any)."),
-    shutdown_timeout: float = typer.Option(
-        30.0, "--shutdown-timeout", help="Seconds running requests get after SIGTERM."),
-) -> None:
-    """Serve a llama-server and OpenAI compatible HTTP API."""
-    def start() -> None:
-        from edgeinfer.pull import resolve_model
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []}, add_help_option=False)
+def serve(ctx: typer.Context) -> None:
+    """Serve a llama-server and OpenAI compatible HTTP API (-h lists the flags)."""
+    from edgeinfer.server.__main__ import main as serve_main
 
-        try:
-            from edgeinfer.server import serve as serve_http
-        except ImportError:
-            raise EdgeInferError(
-                "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
-        serve_http(resolve_model(model), host=host, port=port, n_ctx=ctx_size,
-                   parallel=parallel, api_key=api_key, threads=threads, metrics=metrics,
-                   alias=alias, cache_ram=cache_ram, flash_attn=_flash(flash_attn),
-                   max_body_bytes=max_body_bytes, sse_ping_interval=sse_ping_interval,
-                   cors_origins=cors_origins, allowed_hosts=allowed_hosts,
-                   shutdown_timeout=shutdown_timeout)
-
-    _guard(start)
+    raise typer.Exit(serve_main(ctx.args, prog="edgeinfer serve"))
 
 
 def _read_prompt(prompt: str | None, file: Path | None) -> str | None:

@@ -6,11 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import typer
 
-from edgeinfer.cli import app as cli_app
 from edgeinfer.server import llama_cli
 from edgeinfer.server.llama_cli import FLAGS, UsageError, parse, translate
+from edgeinfer.server.options import build_parser, settings_from_args
 
 # Every flag llama.cpp's server tests pass (tools/server/tests/utils.py, ServerProcess.start,
 # llama-cpp-python 0.3.36), with a value where it takes one.
@@ -47,10 +46,11 @@ def test_every_flag_of_the_suite_is_read(flag):
 
 def test_the_suite_preset_translates():
     out = translate(PRESET)
-    assert out.serve_args == ["m.gguf", "--port", "8080", "--host", "127.0.0.1", "--alias",
-                              "tinyllama-2", "--ctx-size", "256", "--parallel", "2"]
-    assert out.unsupported == ["--temp", "--seed", "--batch-size", "--no-slots", "--n-predict",
-                               "--no-jinja"]
+    assert out.serve_args == ["m.gguf", "--port", "8080", "--temp", "0.8", "--seed", "42",
+                              "--host", "127.0.0.1", "--batch-size", "32", "--no-slots",
+                              "--alias", "tinyllama-2", "--ctx-size", "256", "--parallel", "2",
+                              "--n-predict", "64", "--no-jinja"]
+    assert out.unsupported == []
 
 
 @pytest.mark.parametrize("args,n_ctx", [
@@ -72,10 +72,10 @@ def test_flash_attn_synonyms(value, word):
     assert translate(["-m", "m.gguf", "-fa", value]).serve_args[1:] == ["--flash-attn", word]
 
 
-def test_lists_keep_their_first_entry_and_say_so():
+def test_lists_are_passed_whole():
     out = translate(["-m", "m.gguf", "--host", "127.0.0.1,::1", "-a", "x,y"])
-    assert out.serve_args[1:] == ["--host", "127.0.0.1", "--alias", "x"]
-    assert out.unsupported == ["--host beyond its first entry", "-a beyond its first entry"]
+    assert out.serve_args[1:] == ["--host", "127.0.0.1,::1", "--alias", "x,y"]
+    assert out.unsupported == []
 
 
 def test_llama_server_defaults_are_not_forwarded():
@@ -91,9 +91,9 @@ def test_spellings():
 
 
 def test_already_so_flags_are_silent_and_each_unsupported_flag_is_named_once():
-    out = translate(["-m", "m.gguf", "--offline", "-cb", "--jinja", "--slots", "--temp", "1",
-                     "--temp", "2", "-v"])
-    assert out.unsupported == ["--temp", "-v"]
+    out = translate(["-m", "m.gguf", "--offline", "-cb", "--slots", "-ngl", "1",
+                     "--n-gpu-layers", "2", "--lora", "x"])
+    assert out.unsupported == ["-ngl", "--n-gpu-layers", "--lora"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -120,19 +120,31 @@ def test_main_exits_2_with_one_error_line(capsys):
 
 def test_main_warns_once_and_runs_serve(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr("edgeinfer.cli.app", lambda args, prog_name: calls.append(args))
-    llama_cli.main(PRESET)
-    assert calls == [["serve", *translate(PRESET).serve_args]]
-    assert capsys.readouterr().err == ("warning: not supported by edgeinfer, ignored: --temp, "
-                                       "--seed, --batch-size, --no-slots, --n-predict, "
-                                       "--no-jinja\n")
+    monkeypatch.setattr("edgeinfer.server.__main__.main",
+                        lambda args, prog: calls.append(args) or 0)
+    argv = [*PRESET, "--lora", "x.gguf", "-ngl", "99"]
+    with pytest.raises(SystemExit) as exit_:
+        llama_cli.main(argv)
+    assert exit_.value.code == 0
+    assert calls == [translate(argv).serve_args]
+    assert capsys.readouterr().err == ("warning: not supported by edgeinfer, ignored: --lora, "
+                                       "-ngl\n")
 
 
 def test_forwarded_options_exist_in_edgeinfer_serve():
-    serve = typer.main.get_command(cli_app).commands["serve"]
-    options = {opt for param in serve.params for opt in param.opts}
+    parser = build_parser("edgeinfer serve")
+    options = {opt for action in parser._actions for opt in action.option_strings}
     forwarded = {flag.serve for flag in FLAGS if flag.serve and flag.serve != "MODEL"}
     assert forwarded <= options
+
+
+def test_the_suite_preset_parses_as_edgeinfer_serve_flags():
+    args = build_parser("edgeinfer serve").parse_args(translate(PRESET).serve_args)
+    settings = settings_from_args(args)
+    assert (settings.sampling.temperature, settings.sampling.seed) == (0.8, 42)
+    assert (settings.n_batch, settings.n_predict, settings.n_ctx) == (32, 64, 256)
+    assert not settings.slots_endpoint and not settings.chat.jinja
+    assert settings.aliases == ("tinyllama-2",)
 
 
 def test_help_lists_every_flag_and_imports_no_numba():

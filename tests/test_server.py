@@ -330,12 +330,21 @@ def test_unknown_route_is_404(server):
 
 
 def test_metrics_format(server):
+    """llama-server's names, in its order, each with HELP and TYPE; the header in its case
+    (raw bytes: clients that copy headers into a dict look it up so)."""
     r = httpx.get(server.url + "/metrics")
     assert r.headers["content-type"].startswith("text/plain")
-    for name in ("prompt_tokens_total", "tokens_predicted_total", "prompt_tokens_seconds",
-                 "predicted_tokens_seconds", "requests_processing", "requests_deferred",
-                 "kv_cache_usage_ratio", "n_decode_total"):
-        assert f"# TYPE llamacpp:{name} " in r.text and f"\nllamacpp:{name} " in r.text
+    assert b"Process-Start-Time-Unix" in [name for name, _ in r.headers.raw]
+    names = [line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE")]
+    assert names == [f"llamacpp:{n}" for n in (
+        "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+        "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
+        "n_tokens_max", "spec_decode_num_draft_tokens_total",
+        "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total",
+        "prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing",
+        "requests_deferred", "n_busy_slots_per_decode")]
+    for name in names:
+        assert f"# HELP {name} " in r.text and f"\n{name} " in r.text
 
 
 # -- disconnects and keep-alive ------------------------------------------------------------

@@ -40,16 +40,21 @@ class MsgDiff:
 
 
 def _suffix(prev: str, new: str, what: str) -> str:
-    if not new.startswith(prev):
-        raise ValueError(f"the {what} changed instead of growing: {prev[-40:]!r} -> "
-                         f"{new[-40:]!r}")
-    return new[len(prev):]
+    """llama.cpp's string_diff: what `new` adds to `prev`; "" when `new` is shorter (a held
+    partial stop word was dropped at the end)."""
+    if new.startswith(prev):
+        return new[len(prev):]
+    if prev.startswith(new):
+        return ""
+    raise ValueError(f"the {what} changed instead of growing: {prev[-40:]!r} -> "
+                     f"{new[-40:]!r}")
 
 
 def msg_diffs(prev: ChatMsg, new: ChatMsg) -> list[MsgDiff]:
     """common_chat_msg_diff::compute_diffs: reasoning first, then content, then tool calls
     (the last known one extended, the new ones whole). A message only grows while it
-    streams; anything else is a parser bug and raises ValueError."""
+    streams (or loses a held partial stop word at the end); anything else is a parser bug
+    and raises ValueError."""
     diffs = []
     if prev.reasoning_content != new.reasoning_content:
         delta = _suffix(prev.reasoning_content, new.reasoning_content, "reasoning")

@@ -21,6 +21,7 @@ row), so a greedy sequence gives the same tokens alone or batched.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -38,6 +39,8 @@ from edgeinfer.errors import EdgeInferError, ModelFault
 from edgeinfer.generate import StopMatcher
 from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs, top_probs
 from edgeinfer.server.errors import ApiError
+from edgeinfer.server.model_info import ModelInfo, model_info
+from edgeinfer.server.options import ServerSettings
 from edgeinfer.server.params import GenParams
 from edgeinfer.server.prefix import PrefixTree
 from edgeinfer.server.prompt_cache import PromptCache
@@ -67,6 +70,7 @@ class ProgressEvent:
     processed: int  # of them in the KV cache now, cached ones included
     time_ms: float
     slot: int
+    timings: dict | None = None  # only with timings_per_token
 
 
 @dataclass
@@ -141,11 +145,15 @@ class Slot:
 
 @dataclass
 class Stats:
-    """Counters behind /metrics (llama-server's names in metrics.py)."""
+    """Counters behind /metrics, cumulative since start (llama-server's server_metrics).
+    The first generated token of a job comes from its prompt's logits: it is counted in
+    predicted_tokens but costs no decode step, so rates use predicted_steps."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # evaluated, not reused from the cache
     prompt_seconds: float = 0.0
+    prompt_cached: int = 0
     predicted_tokens: int = 0
+    predicted_steps: int = 0
     predicted_seconds: float = 0.0
     n_decode: int = 0
     busy_slots_sum: int = 0
@@ -153,18 +161,17 @@ class Stats:
     requests_done: int = 0
 
 
+WAKE = "wake"  # inbox item: load the model again after sleeping
+
+
 class Engine(threading.Thread):
     """Loads the model, then serves jobs until `stop()`."""
 
-    def __init__(self, model_path: Path, n_ctx: int = 0, n_slots: int = 1,
-                 threads: int | None = None,
-                 on_fail: Callable[[BaseException], None] | None = None,
-                 cache_ram_mib: int = 1024, flash_attn: bool = False):
+    def __init__(self, model_path: Path, settings: ServerSettings | None = None,
+                 on_fail: Callable[[BaseException], None] | None = None):
         super().__init__(name="edgeinfer-engine", daemon=True)
-        self.model_path, self.n_ctx_arg, self.threads = model_path, n_ctx, threads
-        self.n_slots = max(1, n_slots)
-        self.cache_ram_mib = cache_ram_mib
-        self.flash_attn = flash_attn
+        self.model_path, self.settings = model_path, settings or ServerSettings()
+        self.n_slots = max(1, self.settings.n_slots)
         self.on_fail = on_fail
         self.model = None
         self.ready = threading.Event()
@@ -176,6 +183,15 @@ class Engine(threading.Thread):
         self._running = True
         self.draining = False  # shutting down: waiting and new jobs are refused
         self.aborting = False  # the grace period is over: running jobs are ended too
+        self.info: ModelInfo | None = None  # kept while the model sleeps
+        # sleeping (--sleep-idle-seconds): the model is unloaded until a request needs it
+        self.sleeping = False
+        self.awake = threading.Event()
+        self.wake_error: ApiError | None = None
+        self._holders = 0  # requests using the model right now (hold/release)
+        self._waking = False
+        self._last_active = time.monotonic()
+        self._lock = threading.Lock()
 
     # -- public, called from HTTP threads ------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -200,9 +216,26 @@ class Engine(threading.Thread):
         self._running = False
         self.inbox.put(None)
 
+    def hold(self) -> bool:
+        """A request starts using the model; True if it must wait for `awake` first (the
+        engine is asked to load it again)."""
+        with self._lock:
+            self._holders += 1
+            self._last_active = time.monotonic()
+            if self.sleeping and not self._waking:
+                self._waking = True
+                self.awake.clear()
+                self.inbox.put(WAKE)
+            return self.sleeping
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            self._last_active = time.monotonic()
+
     @property
     def n_ctx(self) -> int:
-        return self.model.transformer.n_ctx
+        return self.info.n_ctx
 
     @property
     def n_deferred(self) -> int:
@@ -217,30 +250,85 @@ class Engine(threading.Thread):
                 self.on_fail(exc)
             return
         self.ready.set()
+        self.awake.set()
+        if self.settings.kv_unified and self.settings.cache_idle_slots \
+                and self.settings.cache_ram_mib > 0:
+            log.debug("idle slots are saved to the RAM cache and cleared when a task starts "
+                      "(__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__)")
         while self._running:
-            self._take_inbox(block=not self._busy())
+            self._take_inbox(block=not self._busy(), timeout=self._idle_left())
+            if self._should_sleep():
+                self._sleep()
+                continue
             try:
                 self._step()
             except Exception as exc:  # a bug: fail the running jobs, keep serving
                 log.exception("engine step failed")
                 self._fail_all(ApiError(500, f"internal error: {exc}"))
 
+    # -- sleeping ------------------------------------------------------------------------------
+    def _idle_left(self) -> float | None:
+        """Seconds until an idle engine should sleep; None: wait for work indefinitely."""
+        idle = self.settings.sleep_idle_seconds
+        if idle <= 0 or self.sleeping:
+            return None
+        return max(0.05, idle - (time.monotonic() - self._last_active))
+
+    def _should_sleep(self) -> bool:
+        idle = self.settings.sleep_idle_seconds
+        return (idle > 0 and not self.sleeping and not self._busy() and self._holders == 0
+                and time.monotonic() - self._last_active >= idle)
+
+    def _sleep(self) -> None:
+        """Unload the model (weights, KV cache, RAM cache); info and counters stay."""
+        with self._lock:
+            if self._holders or self._busy():
+                return
+            self.sleeping = True
+            self.awake.clear()
+        self.model = self.saved = None
+        self.tree = PrefixTree()
+        for slot in self.slots:
+            slot.cache, slot.params = [], None
+        gc.collect()
+        log.info("sleeping: the model was unloaded after %g s idle",
+                 self.settings.sleep_idle_seconds)
+
+    def _wake(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._load()
+            self.wake_error = None
+        except Exception as exc:  # noqa: BLE001 - the waiting requests get the reason
+            log.error("loading the model again failed: %s", exc)
+            self.wake_error = ApiError(503, f"the model could not be loaded again: {exc}")
+        with self._lock:
+            self.sleeping = self.wake_error is not None
+            self._waking = False
+            self._last_active = time.monotonic()
+            self.awake.set()
+        if not self.sleeping:
+            log.info("awake: the model was loaded again in %.2f s", time.perf_counter() - t0)
+
     def _load(self) -> None:
         from edgeinfer.api import Model
         from edgeinfer.process import distinct_stages, settle_heap
 
         t0 = time.perf_counter()
-        self.model = Model.load(self.model_path, n_ctx=self.n_ctx_arg, threads=self.threads,
-                                n_slots=self.n_slots, progress=distinct_stages(log.info),
-                                flash_attn=self.flash_attn, compile_helper=True)
+        opts = self.settings
+        self.model = Model.load(self.model_path, n_ctx=opts.n_ctx, threads=opts.threads,
+                                n_slots=self.n_slots, n_batch=opts.n_batch,
+                                progress=distinct_stages(log.info),
+                                flash_attn=opts.flash_attn, compile_helper=True)
         try:  # import jinja2 and compile the chat template now, not during the first request
             self.model.apply_chat_template([{"role": "user", "content": "hi"}])
         except EdgeInferError:
             pass  # a template that cannot render is reported to each request that uses it
         settle_heap()
+        self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer
         self.saved = PromptCache(self.tree, tf.kv_cache.k, tf.kv_cache.v,
-                                 max(0, self.cache_ram_mib) << 20)
+                                 max(0, opts.cache_ram_mib) << 20)
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
         size = tf.n_batch + self.n_slots
         self.batch_tokens, self.batch_pos, self.batch_slots = (
@@ -253,11 +341,13 @@ class Engine(threading.Thread):
     def _busy(self) -> bool:
         return bool(self.waiting) or any(s.job is not None for s in self.slots)
 
-    def _take_inbox(self, block: bool) -> None:
+    def _take_inbox(self, block: bool, timeout: float | None = None) -> None:
         try:
-            item = self.inbox.get(block=block)
+            item = self.inbox.get(block=block, timeout=timeout if block else None)
             while True:
-                if item is not None:
+                if item == WAKE:
+                    self._wake()
+                elif item is not None:
                     self.waiting.append(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
@@ -324,12 +414,27 @@ class Engine(threading.Thread):
                 continue
             try:
                 self._start(slot, job)
+                self._cache_idle_slots()
             except Exception as exc:  # a bug: answer this job, keep serving the others
                 log.exception("starting task %d failed", job.id)
                 slot.job, slot.cache = None, []
                 self.tree.remove(slot.id)
                 job.sink(ErrorEvent(ApiError(500, f"internal error: {exc}")))
         self.waiting = kept
+
+    def _cache_idle_slots(self) -> None:
+        """With a unified KV budget (--kv-unified), idle slots' KV moves to the RAM cache
+        when a task starts, freeing their cells (llama-server's --cache-idle-slots)."""
+        opts = self.settings
+        if not (opts.kv_unified and opts.cache_idle_slots and opts.cache_ram_mib > 0):
+            return
+        for slot in self.slots:
+            if slot.job is None and slot.cache:
+                if self.saved.save(slot.id, slot.cache):
+                    log.debug("slot %d: idle slot saved to the RAM cache "
+                              "(__TEST_TAG_CACHE_IDLE_SLOT__)", slot.id)
+                slot.cache = []
+                self.tree.remove(slot.id)
 
     def _choose_slot(self, job: Job) -> Slot | None:
         free = [s for s in self.slots if s.job is None]
@@ -350,7 +455,9 @@ class Engine(threading.Thread):
         n_past = shared.get(slot.id, 0) if params.cache_prompt else 0
         src = max(shared, key=shared.get, default=slot.id)
         if len(slot.cache) > n_past:  # the rest of the slot's sequence is about to go
-            self.saved.save(slot.id, slot.cache, keep=src)
+            if self.saved.save(slot.id, slot.cache, keep=src):
+                log.debug("slot %d: updating prompt cache: %d tokens saved", slot.id,
+                          len(slot.cache))
         if params.cache_prompt and shared.get(src, 0) > n_past:  # a slot or saved sequence
             n_past = shared[src]  # holds more of this prompt than this slot does
             self._copy_prefix(src, slot.id, n_past)
@@ -372,12 +479,15 @@ class Engine(threading.Thread):
     def _progress(self, slot: Slot) -> None:
         params = slot.job.params
         if params.stream and params.return_progress:
-            ms = 1e3 * (time.perf_counter() - slot.t_start)
+            slot.t_last = time.perf_counter()  # the prompt's clock until it is done
+            ms = 1e3 * (slot.t_last - slot.t_start)
+            timings = self._timings(slot) if params.timings_per_token else None
             slot.job.sink(ProgressEvent(len(slot.job.prompt), slot.n_cached, len(slot.cache),
-                                        ms, slot.id))
+                                        ms, slot.id, timings))
 
     def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         if self.saved.holds(src):
+            log.debug("slot %d: updating prompt cache: %d tokens restored", dst, n_tokens)
             self.saved.restore(src, dst, n_tokens)
         else:
             self.model.transformer.kv_cache.copy_prefix(src, dst, n_tokens)
@@ -427,6 +537,7 @@ class Engine(threading.Thread):
             slot.t_prompt = now
             self.tree.set(slot.id, slot.cache)
             self.stats.prompt_tokens += len(job.prompt) - slot.n_cached
+            self.stats.prompt_cached += slot.n_cached
             self.stats.prompt_seconds += now - slot.t_start
             if job.params.n_predict == 0:
                 return self._finish(slot, "limit")
@@ -443,8 +554,6 @@ class Engine(threading.Thread):
     def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:
         job, params = slot.job, slot.job.params
         slot.n_decoded += 1
-        self.stats.predicted_tokens += 1
-        self.stats.predicted_seconds += now - slot.t_last
         slot.t_last = now
         slot.recent.append(token)
         if len(slot.recent) > 2 * RECENT_MAX:
@@ -481,22 +590,30 @@ class Engine(threading.Thread):
         self._release(slot)
 
     def _timings(self, slot: Slot) -> dict:
-        prompt_n = len(slot.job.prompt) - slot.n_cached
-        prompt_ms = 1e3 * (slot.t_prompt - slot.t_start) if slot.t_prompt else 0.0
-        predicted_ms = 1e3 * (slot.t_last - slot.t_prompt) if slot.n_decoded else 0.0
+        """llama-server's timings (server_slot_stats): the generation rate counts decode
+        steps, one fewer than the tokens, as the first comes from the prompt's logits."""
+        n_cached = slot.n_cached
+        prompt_n = (len(slot.job.prompt) if slot.t_prompt else len(slot.cache)) - n_cached
+        prompt_ms = 1e3 * ((slot.t_prompt or slot.t_last) - slot.t_start) if prompt_n else 0.0
+        gen_ms = max(1e-3, 1e3 * (slot.t_last - slot.t_prompt)) if slot.n_decoded else 0.0
+        steps = max(0, slot.n_decoded - 1)
         return {
-            "cache_n": slot.n_cached,
+            "cache_n": n_cached,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_ms > 0 else 0.0,
             "predicted_n": slot.n_decoded,
-            "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / slot.n_decoded if slot.n_decoded else 0.0,
-            "predicted_per_second": 1e3 * slot.n_decoded / predicted_ms if predicted_ms else 0.0,
+            "predicted_ms": gen_ms,
+            "predicted_per_token_ms": gen_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 / gen_ms * steps if gen_ms > 0 else 0.0,
         }
 
     def _release(self, slot: Slot) -> None:
+        if slot.job is not None and slot.n_decoded:
+            self.stats.predicted_tokens += slot.n_decoded
+            self.stats.predicted_steps += slot.n_decoded - 1
+            self.stats.predicted_seconds += max(1e-6, slot.t_last - slot.t_prompt)
         slot.job, slot.next_token = None, -1
         slot.last_used = time.perf_counter()
         self.tree.set(slot.id, slot.cache)

@@ -40,44 +40,55 @@ def _flags() -> tuple[Flag, ...]:
     f = Flag
     return (
         f(("-m", "--model"), "FNAME", "MODEL", help="GGUF file to serve"),
-        f(("--host",), "HOST", "--host", help="address to listen on (the first of a list)"),
+        f(("--host",), "HOST", "--host", help="address(es) to listen on, comma-separated"),
         f(("--port",), "PORT", "--port"),
         f(("-c", "--ctx-size"), "N", "--ctx-size",
           help="all slots together: split across -np as llama-server does"),
         f(("-np", "--parallel"), "N", "--parallel", help="slots (-1: auto, 4)"),
+        f(("-b", "--batch-size"), "N", "--batch-size"),
         f(("-t", "--threads"), "N", "--threads"),
         f(("-fa", "--flash-attn"), "on|off|auto", "--flash-attn"),
         f(("--api-key",), "KEY", "--api-key"),
         f(("--metrics",), None, "--metrics"),
-        f(("-a", "--alias"), "STRING", "--alias", help="model name in the API (the first)"),
+        f(("--no-slots",), None, "--no-slots"),
+        f(("-a", "--alias"), "STRING", "--alias", help="the model's names, comma-separated"),
+        f(("--tags",), "STRING", "--tags"),
         f(("-cram", "--cache-ram"), "N", "--cache-ram", help="MiB (-1: no limit, 0: off)"),
+        f(("-kvu", "--kv-unified"), None, "--kv-unified"),
+        f(("--no-cache-idle-slots",), None, "--no-cache-idle-slots"),
         f(("--cors-origins",), "ORIGINS", "--cors-origins"),
+        f(("--sleep-idle-seconds",), "SECONDS", "--sleep-idle-seconds"),
+        f(("-v", "--verbose", "--log-verbose"), None, "--verbose"),
+        f(("-s", "--seed"), "SEED", "--seed"),
+        f(("--temp", "--temperature"), "N", "--temp"),
+        f(("--top-k",), "N", "--top-k"), f(("--top-p",), "N", "--top-p"),
+        f(("--min-p",), "N", "--min-p"), f(("--repeat-penalty",), "N", "--repeat-penalty"),
+        f(("--repeat-last-n",), "N", "--repeat-last-n"),
+        f(("--presence-penalty",), "N", "--presence-penalty"),
+        f(("--frequency-penalty",), "N", "--frequency-penalty"),
+        f(("-n", "--predict", "--n-predict"), "N", "--n-predict"),
+        f(("--jinja",), None, "--jinja"), f(("--no-jinja",), None, "--no-jinja"),
+        f(("--chat-template",), "JINJA_TEMPLATE", "--chat-template"),
+        f(("--chat-template-file",), "JINJA_TEMPLATE_FILE", "--chat-template-file"),
+        f(("--reasoning-format",), "FORMAT", "--reasoning-format"),
+        f(("-rea", "--reasoning"), "on|off|auto", "--reasoning"),
         # Already so here.
         f(("--offline",), same=True, help="edgeinfer never downloads a model"),
         f(("-cb", "--cont-batching"), same=True, help="always on"),
-        f(("--jinja",), same=True, help="the GGUF's template is always rendered with Jinja"),
-        f(("--slots",), same=True, help="/slots is always on"),
+        f(("--slots",), same=True, help="/slots is on unless --no-slots"),
         f(("--no-ui", "--no-webui"), same=True, help="there is no web UI"),
         f(("--no-mmproj", "--no-mmproj-auto"), same=True, help="there is no multimodal"),
         f(("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"), same=True),
         f(("--no-context-shift",), same=True),
         f(("-no-kvu", "--no-kv-unified"), same=True, help="each slot has its own KV cache"),
+        f(("--cache-idle-slots",), same=True, help="on unless --no-cache-idle-slots"),
         f(("--no-models-autoload",), same=True),
         # Accepted, not supported: named in the warning line.
-        f(("--no-jinja",)), f(("--no-slots",)), f(("--temp", "--temperature"), "N"),
-        f(("-s", "--seed"), "SEED"), f(("-n", "--predict", "--n-predict"), "N"),
-        f(("--chat-template",), "JINJA_TEMPLATE"),
-        f(("--chat-template-file",), "JINJA_TEMPLATE_FILE"),
-        f(("--reasoning-format",), "FORMAT"), f(("-rea", "--reasoning"), "on|off|auto"),
-        f(("--sleep-idle-seconds",), "SECONDS"),
-        f(("--tags",), "STRING"), f(("-v", "--verbose", "--log-verbose")),
-        f(("-b", "--batch-size"), "N"), f(("-ub", "--ubatch-size"), "N"),
-        f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N"),
+        f(("-ub", "--ubatch-size"), "N"), f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N"),
         f(("-ctk", "--cache-type-k"), "TYPE"), f(("-ctv", "--cache-type-v"), "TYPE"),
-        f(("-kvu", "--kv-unified")), f(("--swa-full",)),
+        f(("--swa-full",)),
         f(("--context-shift",)), f(("-gan", "--grp-attn-n"), "N"),
         f(("-gaw", "--grp-attn-w"), "N"),
-        f(("--cache-idle-slots",)), f(("--no-cache-idle-slots",)),
         f(("--slot-save-path",), "PATH"), f(("--media-path",), "PATH"),
         f(("--embedding", "--embeddings")), f(("--rerank", "--reranking")),
         f(("--pooling",), "{none,mean,cls,last,rank}"), f(("--lora",), "FNAME"),
@@ -168,10 +179,7 @@ def _forward(out: Translation, flag: Flag, name: str, value: str | None, given: 
     if flag.value is None:
         out.serve_args.append(option)
         return
-    if option in ("--host", "--alias") and "," in value:
-        value = value.split(",")[0].strip()  # several addresses or names: not yet
-        out.unsupported.append(f"{name} beyond its first entry")
-    elif option == "--ctx-size":
+    if option == "--ctx-size":
         value = str(_slot_ctx(_int(name, value), given))
     elif option == "--flash-attn":
         value = _on_off_auto(name, value)
@@ -252,9 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     if translation.unsupported:
         sys.stderr.write(f"warning: not supported by edgeinfer, ignored: "
                          f"{', '.join(translation.unsupported)}\n")
-    from edgeinfer.cli import app
+    from edgeinfer.server.__main__ import main as serve_main
 
-    app(args=["serve", *translation.serve_args], prog_name=PROG)
+    raise SystemExit(serve_main(translation.serve_args, prog=PROG))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""/metrics: Prometheus text exposition with llama-server's metric names.
+"""/metrics: Prometheus text exposition with llama-server's metric names, help and order
+(server_task_result_metrics::to_metrics).
 
-Counters are totals since start; the throughput and busy-slot gauges are averaged over the
-window since the previous scrape, as llama-server does.
+Counters are totals since start. The two throughput gauges cover the window since the
+previous scrape (llama-server resets its buckets on each scrape) and count decode steps, so
+the first token of each reply, which comes from the prompt's logits, does not inflate them.
+The counters live in the engine and outlive a sleeping model, so a scrape never wakes it.
 """
 
 from __future__ import annotations
@@ -10,26 +13,32 @@ from dataclasses import dataclass, replace
 
 from edgeinfer.server.engine import Engine, Stats
 
-METRICS = (  # (name, type, help)
-    ("prompt_tokens_total", "counter", "Number of prompt tokens processed."),
-    ("prompt_seconds_total", "counter", "Prompt process time"),
-    ("tokens_predicted_total", "counter", "Number of generation tokens processed."),
-    ("tokens_predicted_seconds_total", "counter", "Predict process time"),
-    ("n_decode_total", "counter", "Total number of llama_decode() calls"),
-    ("n_tokens_max", "counter", "Largest observed n_tokens."),
-    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
-    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s."),
-    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s."),
-    ("requests_processing", "gauge", "Number of requests processing."),
-    ("requests_deferred", "gauge", "Number of requests deferred."),
-    ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage."),
-    ("kv_cache_tokens", "gauge", "KV-cache tokens."),
+COUNTERS = (  # (name, help)
+    ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "Total time spent generating tokens"),
+    ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding "
+                       "and multimodal decoding"),
+    ("n_tokens_max", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total",
+     "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+)
+GAUGES = (
+    ("prompt_tokens_seconds", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "Average generation throughput in tokens/s"),
+    ("requests_processing", "Number of requests processing"),
+    ("requests_deferred", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
 )
 
 
 @dataclass
 class Scraper:
-    """Remembers the previous scrape so gauges cover the window since then."""
+    """Remembers the previous scrape so the throughput gauges cover the window since then."""
 
     engine: Engine
     start_time: float
@@ -40,33 +49,30 @@ class Scraper:
         self.last = stats
         values = self._values(stats, last)
         lines = []
-        for name, kind, help_text in METRICS:
-            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
-                      f"llamacpp:{name} {values[name]:g}"]
+        for kind, items in (("counter", COUNTERS), ("gauge", GAUGES)):
+            for name, help_text in items:
+                lines += [f"# HELP llamacpp:{name} {help_text}",
+                          f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {values[name]:g}"]
         return "\n".join(lines) + "\n"
 
     def _values(self, s: Stats, last: Stats) -> dict[str, float]:
-        engine = self.engine
-        slots = engine.slots
-        n_cells = sum(len(slot.cache) for slot in slots)
-        n_prompt, t_prompt = s.prompt_tokens - last.prompt_tokens, \
-            s.prompt_seconds - last.prompt_seconds
-        n_pred, t_pred = s.predicted_tokens - last.predicted_tokens, \
-            s.predicted_seconds - last.predicted_seconds
-        n_decode = s.n_decode - last.n_decode
+        t_prompt = s.prompt_seconds - last.prompt_seconds
+        t_pred = s.predicted_seconds - last.predicted_seconds
         return {
-            "prompt_tokens_total": s.prompt_tokens, "prompt_seconds_total": s.prompt_seconds,
+            "prompt_tokens_total": s.prompt_tokens, "prompt_tokens_cached_total": s.prompt_cached,
+            "prompt_seconds_total": s.prompt_seconds,
             "tokens_predicted_total": s.predicted_tokens,
             "tokens_predicted_seconds_total": s.predicted_seconds,
             "n_decode_total": s.n_decode, "n_tokens_max": s.n_tokens_max,
-            "n_busy_slots_per_decode":
-                (s.busy_slots_sum - last.busy_slots_sum) / n_decode if n_decode else 0.0,
-            "prompt_tokens_seconds": n_prompt / t_prompt if t_prompt > 0 else 0.0,
-            "predicted_tokens_seconds": n_pred / t_pred if t_pred > 0 else 0.0,
-            "requests_processing": sum(slot.job is not None for slot in slots),
-            "requests_deferred": engine.n_deferred,
-            "kv_cache_usage_ratio": n_cells / (len(slots) * engine.n_ctx),
-            "kv_cache_tokens": n_cells,
+            "spec_decode_num_draft_tokens_total": 0,
+            "spec_decode_num_accepted_tokens_total": 0, "spec_decode_num_drafts_total": 0,
+            "prompt_tokens_seconds":
+                (s.prompt_tokens - last.prompt_tokens) / t_prompt if t_prompt > 0 else 0.0,
+            "predicted_tokens_seconds":
+                (s.predicted_steps - last.predicted_steps) / t_pred if t_pred > 0 else 0.0,
+            "requests_processing": sum(slot.job is not None for slot in self.engine.slots),
+            "requests_deferred": self.engine.n_deferred,
+            "n_busy_slots_per_decode": s.busy_slots_sum / max(s.n_decode, 1),
         }
 
     def headers(self) -> dict[str, str]:

@@ -184,6 +184,7 @@ def _reply_schemas() -> dict:
             integer, _obj({"id": integer, "piece": piece}, ("id", "piece"))]}}}, ("tokens",)),
         "DetokenizeReply": _obj({"content": string}, ("content",)),
         "ApplyTemplateReply": _obj({"prompt": string}, ("prompt",)),
+        "InputTokens": _obj({"input_tokens": integer, "object": string}, ("input_tokens",)),
         "Health": _obj({"status": {"const": "ok"}}, ("status",)),
         "Models": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                        ("object", "data")),
@@ -239,13 +240,16 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
         "/props": {**_get("server properties", _ref("Props")),
                    "post": {"summary": "not supported",
                             "responses": _errors(501, 503)}},
-        "/slots": _get("the slots", _ref("Slots"), parameters=(fail_on_no_slot,)),
+        "/slots": _get("the slots", _ref("Slots"), errors=(501, 503),
+                       parameters=(fail_on_no_slot,)),
         "/metrics": _get("Prometheus metrics", {"type": "string"}, "text/plain",
                          (503,) if metrics else (501, 503)),
         "/completion": completion,
         "/v1/completions": _post("OpenAI completion", "OaiCompletionRequest",
                                  _ref("OaiCompletionReply"), True),
         "/v1/chat/completions": chat,
+        "/v1/chat/completions/input_tokens": _post(
+            "the chat prompt's length in tokens", "ChatRequest", _ref("InputTokens")),
         "/tokenize": _post("text to token ids", "TokenizeRequest", _ref("TokenizeReply")),
         "/detokenize": _post("token ids to text", "DetokenizeRequest", _ref("DetokenizeReply")),
         "/apply-template": _post("the chat template alone", "ApplyTemplateRequest",
@@ -253,8 +257,9 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
         "/openapi.json": _get("this description", {"type": "object"}),
     }
     for alias, path in (("/v1/health", "/health"), ("/v1/models", "/models"),
-                        ("/completions", "/completion"), ("/chat/completions",
-                                                          "/v1/chat/completions")):
+                        ("/completions", "/completion"),
+                        ("/chat/completions", "/v1/chat/completions"),
+                        ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens")):
         paths[alias] = paths[path]
     schema = {
         "openapi": "3.1.0",

@@ -16,7 +16,6 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling import N_PREDICT, LogitBias, SamplingParams
 from edgeinfer.server.errors import bad_request
 
-SAMPLING = SamplingParams()  # the defaults of the request's sampling fields
 INT32_MAX = 2**31 - 1
 MAX_PROMPTS = 256  # prompts in one request (llama-server: no limit)
 SSE_PING_FLOOR = 1.0  # seconds; llama-server reads sse_ping_interval as whole seconds
@@ -53,6 +52,9 @@ class GenParams:
     return_progress: bool = False  # stream prompt_progress events while the prompt is read
     response_fields: tuple[str, ...] = ()  # /completion: only these fields ("a/b": nested)
     verbose: bool = False  # add __verbose (the native reply) to OpenAI replies
+
+
+DEFAULTS = GenParams()
 
 
 @dataclass(frozen=True)
@@ -146,25 +148,6 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise bad_request("'stop' must be a string or an array of strings")
 
 
-def _sampling(body: dict) -> SamplingParams:
-    seed = _integer(body, "seed", -1, -1, 2**64 - 1)  # -1 and DEFAULT_SEED: None, random
-    if seed == -1 or seed == DEFAULT_SEED:
-        seed = None
-    try:
-        return SamplingParams(
-            temperature=_number(body, "temperature", SAMPLING.temperature, 0.0, clamp=True),
-            top_k=max(_integer(body, "top_k", SAMPLING.top_k), 0),
-            top_p=_number(body, "top_p", SAMPLING.top_p, 0.0, 1.0, clamp=True),
-            min_p=_number(body, "min_p", SAMPLING.min_p, 0.0, 1.0, clamp=True),
-            repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
-            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n, -1),
-            presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
-            frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
-            seed=seed)
-    except EdgeInferError as exc:
-        raise bad_request(str(exc)) from None
-
-
 UNSUPPORTED = ("grammar", "json_schema", "mirostat", "dry_multiplier", "xtc_probability",
                "lora")
 _TOKEN_ID = re.compile(r"\s*[+-]?\d+")
@@ -233,20 +216,22 @@ def _logit_bias(body: dict, vocab: Vocab | None, ignore_eos: bool) -> LogitBias:
     return tuple(bias)
 
 
-def _sampling(body: dict) -> SamplingParams:
-    seed = _integer(body, "seed", -1, -1, 2**64 - 1)  # -1 and DEFAULT_SEED: None, random
-    if seed == -1 or seed == DEFAULT_SEED:
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling fields over the server's defaults (its --temp, --seed...)."""
+    d = defaults
+    seed = _integer(body, "seed", -1 if d.seed is None else d.seed, -1, 2**64 - 1)
+    if seed == -1 or seed == DEFAULT_SEED:  # -1 and DEFAULT_SEED: None, random
         seed = None
     try:
         return SamplingParams(
-            temperature=_number(body, "temperature", SAMPLING.temperature, 0.0, clamp=True),
-            top_k=max(_integer(body, "top_k", SAMPLING.top_k), 0),
-            top_p=_number(body, "top_p", SAMPLING.top_p, 0.0, 1.0, clamp=True),
-            min_p=_number(body, "min_p", SAMPLING.min_p, 0.0, 1.0, clamp=True),
-            repeat_penalty=_number(body, "repeat_penalty", SAMPLING.repeat_penalty),
-            repeat_last_n=_integer(body, "repeat_last_n", SAMPLING.repeat_last_n, -1),
-            presence_penalty=_number(body, "presence_penalty", SAMPLING.presence_penalty),
-            frequency_penalty=_number(body, "frequency_penalty", SAMPLING.frequency_penalty),
+            temperature=_number(body, "temperature", d.temperature, 0.0, clamp=True),
+            top_k=max(_integer(body, "top_k", d.top_k), 0),
+            top_p=_number(body, "top_p", d.top_p, 0.0, 1.0, clamp=True),
+            min_p=_number(body, "min_p", d.min_p, 0.0, 1.0, clamp=True),
+            repeat_penalty=_number(body, "repeat_penalty", d.repeat_penalty),
+            repeat_last_n=_integer(body, "repeat_last_n", d.repeat_last_n, -1),
+            presence_penalty=_number(body, "presence_penalty", d.presence_penalty),
+            frequency_penalty=_number(body, "frequency_penalty", d.frequency_penalty),
             seed=seed)
     except EdgeInferError as exc:
         raise bad_request(str(exc)) from None
@@ -259,11 +244,13 @@ def _response_fields(body: dict) -> tuple[str, ...]:
     return tuple(value)
 
 
-def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None) -> GenParams:
-    """The generation settings shared by every completion route. `vocab` resolves
-    logit_bias strings and ignore_eos; without it only token ids are taken."""
+def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None,
+               defaults: GenParams = DEFAULTS) -> GenParams:
+    """The generation settings shared by every completion route, over the server's
+    `defaults`. `vocab` resolves logit_bias strings and ignore_eos; without it only token
+    ids are taken."""
     _reject_unsupported(body)
-    n_predict = N_PREDICT
+    n_predict = defaults.n_predict
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):  # later keys win
         if body.get(key) is not None:
             n_predict = _integer(body, key, N_PREDICT, -1)
@@ -273,8 +260,8 @@ def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None) -> GenP
     n_probs = _integer(body, "n_probs", n_probs, 0, 100)
     ignore_eos = _boolean(body, "ignore_eos", False)
     return GenParams(
-        sampling=_sampling(body), logit_bias=_logit_bias(body, vocab, ignore_eos),
-        n_predict=n_predict, stop=_stop(body),
+        sampling=_sampling(body, defaults.sampling),
+        logit_bias=_logit_bias(body, vocab, ignore_eos), n_predict=n_predict, stop=_stop(body),
         stream=_boolean(body, "stream", False), n_probs=n_probs, logprobs=n_probs > 0,
         cache_prompt=_boolean(body, "cache_prompt", True),
         ignore_eos=ignore_eos, id_slot=_integer(body, "id_slot", -1, -1),
@@ -284,7 +271,8 @@ def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None) -> GenP
         sse_ping_interval=_ping_interval(body), n_cmpl=_n_cmpl(body),
         post_sampling_probs=_boolean(body, "post_sampling_probs", False),
         return_progress=_boolean(body, "return_progress", False),
-        response_fields=_response_fields(body), verbose=_boolean(body, "verbose", False))
+        response_fields=_response_fields(body),
+        verbose=_boolean(body, "verbose", defaults.verbose))
 
 
 def _ping_interval(body: dict) -> float | None:
@@ -340,7 +328,8 @@ def parse_prompts(value: Any) -> list[list[PromptPiece]]:
     return [_prompt_pieces(p) for p in value]
 
 
-def parse_completion(body: dict, oai: bool, vocab: Vocab | None = None) -> CompletionRequest:
+def parse_completion(body: dict, oai: bool, vocab: Vocab | None = None,
+                     defaults: GenParams = DEFAULTS) -> CompletionRequest:
     """/completion (native) or /v1/completions (OpenAI: `logprobs: N` means n_probs)."""
     n_probs = 0
     if oai:
@@ -352,7 +341,7 @@ def parse_completion(body: dict, oai: bool, vocab: Vocab | None = None) -> Compl
         n_probs = _integer(body, "logprobs", 0, 0, 100)
         _check_model(body)
     return CompletionRequest(parse_prompts(body.get("prompt")),
-                             gen_params(body, n_probs, vocab))
+                             gen_params(body, n_probs, vocab, defaults))
 
 
 # -- tokenizer routes -------------------------------------------------------------------------
@@ -416,7 +405,8 @@ def parse_messages(value: Any) -> list[dict]:
     return messages
 
 
-def parse_chat(body: dict, vocab: Vocab | None = None) -> ChatRequest:
+def parse_chat(body: dict, vocab: Vocab | None = None,
+               defaults: GenParams = DEFAULTS) -> ChatRequest:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("response_format: only {\"type\": \"text\"} is supported")
@@ -433,6 +423,6 @@ def parse_chat(body: dict, vocab: Vocab | None = None) -> ChatRequest:
         raise bad_request("'chat_template_kwargs' must be an object")
     for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
         raise bad_request(f"'chat_template_kwargs' may not set '{key}': the server does")
-    params = replace(gen_params(body, n_probs, vocab), logprobs=logprobs)
+    params = replace(gen_params(body, n_probs, vocab, defaults), logprobs=logprobs)
     return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
                        _boolean(body, "add_generation_prompt", True), kwargs)

@@ -34,16 +34,16 @@ class PromptCache:
     def holds(self, entry: int) -> bool:
         return entry in self.entries
 
-    def save(self, slot: int, tokens: Sequence[int], keep: int = -1) -> None:
+    def save(self, slot: int, tokens: Sequence[int], keep: int = -1) -> bool:
         """Keep slot `slot`'s K/V for `tokens` (the slot's cells 0..n-1) unless they are too
         short, already held whole by another slot or entry, or would need entry `keep` (about
-        to be restored) evicted to fit."""
+        to be restored) evicted to fit. True if a copy was made."""
         n = len(tokens)
         size = 2 * self.k[:, slot, :n].nbytes
         if n < MIN_TOKENS or size > self.budget - (self._size(keep) if keep in self.entries else 0):
-            return
+            return False
         if any(shared == n for other, shared in self.tree.match(tokens).items() if other != slot):
-            return
+            return False
         while self.n_bytes + size > self.budget:
             oldest = next(entry for entry in self.entries if entry != keep)
             self._drop(oldest)
@@ -51,6 +51,7 @@ class PromptCache:
         self.entries[entry] = (self.k[:, slot, :n].copy(), self.v[:, slot, :n].copy())
         self.n_bytes += size
         self.tree.set(entry, tokens)
+        return True
 
     def restore(self, entry: int, slot: int, n_tokens: int) -> None:
         """Copy the first n_tokens cells of `entry` into slot `slot`."""

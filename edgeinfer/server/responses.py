@@ -194,9 +194,12 @@ def native_token_chunk(event: TokenEvent, index: int, n_prompt: int,
 
 def native_progress_chunk(event: ProgressEvent, index: int) -> dict:
     """A stream event while the prompt is read (return_progress)."""
-    return {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": event.slot,
-            "tokens_predicted": 0, "tokens_evaluated": event.total,
-            "prompt_progress": progress_json(event)}
+    chunk = {"index": index, "content": "", "tokens": [], "stop": False,
+             "id_slot": event.slot, "tokens_predicted": 0, "tokens_evaluated": event.total,
+             "prompt_progress": progress_json(event)}
+    if event.timings is not None:
+        chunk["timings"] = event.timings
+    return chunk
 
 
 def pick_fields(fields: tuple[str, ...], reply: dict) -> dict:

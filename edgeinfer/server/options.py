@@ -1,0 +1,209 @@
+"""The server's settings, defined once: `ServerSettings` and the one parser that fills it for
+`edgeinfer serve` and `python -m edgeinfer.server` (edgeinfer-server translates llama-server's
+command line into these flags; llama_cli.py). Flag names follow llama-server's where it has
+the option. Only argparse is imported here, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import N_PREDICT, SamplingParams
+
+SAMPLING = SamplingParams()
+REASONING = ("on", "off", "auto")
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """How chat messages become a prompt and how the reply is read back (llama-server's
+    --jinja, --chat-template(-file), --reasoning, --reasoning-format)."""
+
+    template: str | None = None  # a built-in template's name or Jinja source; None: the GGUF's
+    jinja: bool = True
+    reasoning: str = "auto"  # on | off | auto: thinking enabled in the template
+    reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything `serve()` needs besides the model file."""
+
+    hosts: tuple[str, ...] = ("127.0.0.1",)  # each is listened on, on the same port
+    port: int = 8080
+    n_ctx: int = 0  # per slot; 0: min(4096, the model's)
+    n_slots: int = 4
+    n_batch: int = 512  # prompt tokens per forward pass
+    threads: int | None = None
+    flash_attn: bool = False
+    api_keys: tuple[str, ...] = ()
+    metrics: bool = False
+    slots_endpoint: bool = True  # --no-slots: /slots answers 501
+    aliases: tuple[str, ...] = ()  # names of the model in the API; none: the file name
+    tags: tuple[str, ...] = ()
+    cache_ram_mib: int = 1024
+    cache_idle_slots: bool = True  # with a unified KV: idle slots move to the RAM cache
+    kv_unified: bool = False
+    max_body_bytes: int = 64 << 20
+    sse_ping_interval: float = 30.0
+    cors_origins: str = "localhost"
+    allowed_hosts: str = ""
+    shutdown_timeout: float = 30.0
+    sleep_idle_seconds: float = -1.0  # > 0: unload the model after this long idle
+    verbose: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # request defaults
+    n_predict: int = N_PREDICT  # the default of a request's n_predict
+    chat: ChatSettings = field(default_factory=ChatSettings)
+
+    def __post_init__(self):
+        if self.max_body_bytes < 1 or not math.isfinite(self.sse_ping_interval):
+            raise EdgeInferError("--max-body-bytes must be >= 1 and --sse-ping-interval "
+                                 "finite")
+        if not self.hosts:
+            raise EdgeInferError("--host: give at least one address")
+
+
+def _add_network(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("network")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address(es) to listen on, comma-separated (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080,
+                   help="0: a free port, named in the 'listening on' line")
+    g.add_argument("--api-key", default=None, help="require this bearer key (comma: several)")
+    g.add_argument("--cors-origins", default="localhost",
+                   help="origins browsers may call from, comma-separated: exact origins, * or "
+                        "localhost (any port of localhost, 127.0.0.1, ::1; the default)")
+    g.add_argument("--allowed-hosts", default="",
+                   help="Host names accepted besides IP addresses, localhost and this "
+                        "machine's name, comma-separated (*: any; the DNS rebinding guard off)")
+    g.add_argument("--max-body-bytes", type=int, default=64 << 20,
+                   help="larger request bodies get 413 (default: 64 MiB)")
+    g.add_argument("--sse-ping-interval", type=float, default=30.0,
+                   help="seconds between SSE keep-alive comments (<= 0: none)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get after SIGTERM before they are ended")
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, dest="n_ctx",
+                   help="context of each slot (0: min(4096, the model's))")
+    g.add_argument("-np", "--parallel", type=int, default=-1, help="slots; -1: auto (4)")
+    g.add_argument("-b", "--batch-size", type=int, default=512, dest="n_batch",
+                   help="prompt tokens per forward pass (default 512)")
+    g.add_argument("-t", "--threads", type=int, default=None)
+    g.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="off",
+                   help="flash attention, llama.cpp's -fa on numerics (auto: off)")
+    g.add_argument("-cram", "--cache-ram", type=int, default=1024, dest="cache_ram",
+                   help="MiB of RAM for prompts no slot holds any more (0: off)")
+    g.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="slots share one KV budget: idle slots are moved to the RAM cache "
+                        "when another slot starts (see --no-cache-idle-slots)")
+    g.add_argument("--no-cache-idle-slots", action="store_true",
+                   help="with --kv-unified, keep idle slots' KV where it is")
+    g.add_argument("--sleep-idle-seconds", type=float, default=-1,
+                   help="unload the model after this many idle seconds; the next request "
+                        "that needs it loads it again (-1: never)")
+
+
+def _add_api(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("API")
+    g.add_argument("-a", "--alias", default=None,
+                   help="the model's name(s) in the API, comma-separated")
+    g.add_argument("--tags", default=None, help="tags listed with the model, comma-separated")
+    g.add_argument("--metrics", action="store_true", help="enable /metrics")
+    g.add_argument("--no-slots", action="store_true", help="disable /slots (501)")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="log each request and reply; `verbose` requests get __verbose")
+
+
+def _add_defaults(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("defaults of requests that do not set them")
+    g.add_argument("-s", "--seed", type=int, default=-1, help="RNG seed (-1: random)")
+    g.add_argument("--temp", type=float, default=SAMPLING.temperature)
+    g.add_argument("--top-k", type=int, default=SAMPLING.top_k)
+    g.add_argument("--top-p", type=float, default=SAMPLING.top_p)
+    g.add_argument("--min-p", type=float, default=SAMPLING.min_p)
+    g.add_argument("--repeat-penalty", type=float, default=SAMPLING.repeat_penalty)
+    g.add_argument("--repeat-last-n", type=int, default=SAMPLING.repeat_last_n)
+    g.add_argument("--presence-penalty", type=float, default=SAMPLING.presence_penalty)
+    g.add_argument("--frequency-penalty", type=float, default=SAMPLING.frequency_penalty)
+    g.add_argument("-n", "--n-predict", type=int, default=N_PREDICT,
+                   help=f"tokens to generate (-1: until EOS; default {N_PREDICT})")
+
+
+def _add_chat(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("chat")
+    g.add_argument("--chat-template", default=None,
+                   help="a built-in template's name (chatml, llama3, ...) or Jinja source, "
+                        "instead of the GGUF's")
+    g.add_argument("--chat-template-file", type=Path, default=None,
+                   help="read the Jinja chat template from this file")
+    g.add_argument("--jinja", dest="jinja", action="store_true", default=True,
+                   help="render templates with Jinja (the default)")
+    g.add_argument("--no-jinja", dest="jinja", action="store_false",
+                   help="llama.cpp's built-in formatters instead of Jinja")
+    g.add_argument("-rea", "--reasoning", choices=REASONING, default="auto",
+                   help="thinking in templates that have it (auto: the template's default)")
+    g.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                   help="where thinking goes: reasoning_content (deepseek, auto) or the "
+                        "content (none)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """A wrong flag is one line on stderr and exit code 2, not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} -h)\n")
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description="llama-server and OpenAI compatible HTTP API",
+                usage=f"{prog} [MODEL] [flags]")
+    p.add_argument("model", nargs="?", default=None,
+                   help="GGUF file or known model name (default: smollm2)")
+    for add in (_add_network, _add_engine, _add_api, _add_defaults, _add_chat):
+        add(p)
+    return p
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(item.strip() for item in (value or "").split(",") if item.strip())
+
+
+def _template(args: argparse.Namespace) -> str | None:
+    if args.chat_template_file is None:
+        return args.chat_template
+    try:
+        return args.chat_template_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EdgeInferError(f"cannot read --chat-template-file {args.chat_template_file}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """The parsed flags as settings; a value out of range is an EdgeInferError."""
+    sampling = SamplingParams(
+        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=None if args.seed < 0 else args.seed)
+    if args.n_batch < 1:
+        raise EdgeInferError(f"--batch-size must be >= 1, got {args.n_batch}")
+    return ServerSettings(
+        hosts=_split(args.host), port=args.port, n_ctx=args.n_ctx,
+        n_slots=args.parallel if args.parallel > 0 else 4, n_batch=args.n_batch,
+        threads=args.threads, flash_attn=args.flash_attn == "on",
+        api_keys=_split(args.api_key), metrics=args.metrics, slots_endpoint=not args.no_slots,
+        aliases=_split(args.alias), tags=_split(args.tags), cache_ram_mib=args.cache_ram,
+        cache_idle_slots=not args.no_cache_idle_slots, kv_unified=args.kv_unified,
+        max_body_bytes=args.max_body_bytes, sse_ping_interval=args.sse_ping_interval,
+        cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
+        shutdown_timeout=args.shutdown_timeout, sleep_idle_seconds=args.sleep_idle_seconds,
+        verbose=args.verbose, sampling=sampling, n_predict=args.n_predict,
+        chat=ChatSettings(_template(args), args.jinja, args.reasoning, args.reasoning_format))
