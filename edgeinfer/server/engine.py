@@ -259,6 +259,7 @@ class Engine(threading.Thread):
             self._take_inbox(block=not self._busy(), timeout=self._idle_left())
             if self._should_sleep():
                 self._sleep()
+            if self.sleeping:  # nothing runs until a request wakes the model
                 continue
             try:
                 self._step()
