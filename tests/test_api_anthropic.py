@@ -4,17 +4,41 @@ server-task.cpp for the replies and stream events, server-common.cpp for the SSE
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from edgeinfer.chat.message import ChatMsg, ToolCall, msg_diffs
+from edgeinfer.server.apis import ChatMeta, ChatOutcome
 from edgeinfer.server.apis.anthropic import (
     IMAGE_UNSUPPORTED,
+    AnthropicReply,
     convert_request,
     count_tokens_reply,
     to_chat_body,
 )
 from edgeinfer.server.errors import ApiError
 
+META = ChatMeta(model="tinyllama-2-anthropic", id="chatcmpl-abc123", created=1700000000)
 PNG = "iVBORw0KGgo="
+
+
+def outcome(msg: ChatMsg, finish: str = "stop", word: str = "", n_prompt: int = 20,
+            n_cached: int = 4, n_decoded: int = 7) -> ChatOutcome:
+    return ChatOutcome(msg, finish, n_prompt, n_cached, n_decoded, {"predicted_n": n_decoded},
+                       stopping_word=word)
+
+
+def parse_frames(frames: list[str]) -> list[tuple[str, dict]]:
+    """Each frame as format_anthropic_sse writes it: `event: X`, `data: {json}`, blank line."""
+    events = []
+    for frame in frames:
+        head, data, rest = frame.split("\n", 2)
+        assert head.startswith("event: ") and data.startswith("data: ") and rest == "\n"
+        payload = json.loads(data[len("data: "):])
+        assert payload["type"] == head[len("event: "):]
+        events.append((payload["type"], payload))
+    return events
 
 
 # -- server_chat_convert_anthropic_to_oai ----------------------------------------------------
@@ -270,3 +294,183 @@ def test_image_of_unknown_source_is_dropped_not_refused():
 def test_count_tokens_reply():
     # handle_count_tokens: {"input_tokens": n}, "object" only on the OpenAI routes
     assert count_tokens_reply(12) == {"input_tokens": 12}
+
+
+# -- server_task_result_cmpl_final::to_json_anthropic ----------------------------------------
+def test_reply_text():
+    reply = AnthropicReply(META, {}).reply(
+        outcome(ChatMsg(content="Hello!"), n_prompt=20, n_cached=4, n_decoded=3))
+    assert reply == {
+        "id": "chatcmpl-abc123", "type": "message", "role": "assistant",
+        "content": [{"type": "text", "text": "Hello!"}], "model": "tinyllama-2-anthropic",
+        "stop_reason": "end_turn", "stop_sequence": None,
+        # input_tokens excludes the cached prompt tokens
+        "usage": {"cache_read_input_tokens": 4, "input_tokens": 16, "output_tokens": 3}}
+    assert list(reply) == ["id", "type", "role", "content", "model", "stop_reason",
+                           "stop_sequence", "usage"]
+    assert "timings" not in reply
+
+
+def test_reply_thinking_then_text():
+    msg = ChatMsg(content="4", reasoning_content="2+2 is 4.")
+    assert AnthropicReply(META, {}).reply(outcome(msg))["content"] == [
+        {"type": "thinking", "thinking": "2+2 is 4.", "signature": ""},
+        {"type": "text", "text": "4"}]
+
+
+def test_reply_tool_use():
+    calls = (ToolCall("get_weather", '{"location": "Paris"}', "k2mQ9"),
+             ToolCall("broken", '{"loc', "x7"))
+    reply = AnthropicReply(META, {}).reply(
+        outcome(ChatMsg(content="", tool_calls=calls), "tool_calls"))
+    assert reply["stop_reason"] == "tool_use"
+    # arguments that do not parse give an empty input
+    assert reply["content"] == [
+        {"type": "tool_use", "id": "k2mQ9", "name": "get_weather",
+         "input": {"location": "Paris"}},
+        {"type": "tool_use", "id": "x7", "name": "broken", "input": {}}]
+
+
+def test_reply_empty_message_has_no_blocks():
+    assert AnthropicReply(META, {}).reply(outcome(ChatMsg()))["content"] == []
+
+
+@pytest.mark.parametrize("finish,word,calls,reason,sequence", [
+    ("stop", "", (), "end_turn", None),  # STOP_TYPE_EOS
+    ("stop", "END", (), "end_turn", "END"),  # STOP_TYPE_WORD: end_turn, stop_sequence set
+    ("length", "", (), "max_tokens", None),  # STOP_TYPE_LIMIT
+    ("tool_calls", "", (ToolCall("f", "{}", "i"),), "tool_use", None),
+    ("length", "", (ToolCall("f", "{", "i"),), "max_tokens", None),  # the limit wins
+])
+def test_stop_reasons(finish, word, calls, reason, sequence):
+    reply = AnthropicReply(META, {}).reply(outcome(ChatMsg(tool_calls=calls), finish, word))
+    assert (reply["stop_reason"], reply["stop_sequence"]) == (reason, sequence)
+
+
+# -- the stream: partial to_json_anthropic, final to_json_anthropic_stream -------------------
+def test_stream_thinking_text_and_tool_call():
+    reply = AnthropicReply(META, {"stream": True})
+    steps = [ChatMsg(reasoning_content="Let me"),
+             ChatMsg(reasoning_content="Let me think."),
+             ChatMsg(reasoning_content="Let me think.", content="It is"),
+             ChatMsg(reasoning_content="Let me think.", content="It is"),  # held back
+             ChatMsg(reasoning_content="Let me think.", content="It is sunny.",
+                     tool_calls=(ToolCall("get_weather", '{"loc', "call_1"),)),
+             ChatMsg(reasoning_content="Let me think.", content="It is sunny.",
+                     tool_calls=(ToolCall("get_weather", '{"location": "Paris"}', "call_1"),))]
+    frames = reply.start(n_prompt=20, n_cached=4)
+    prev = ChatMsg()
+    for msg in steps:
+        frames += reply.update(msg_diffs(prev, msg))
+        prev = msg
+    frames += reply.end(outcome(steps[-1], "tool_calls", n_decoded=15))
+
+    def start(i, block):
+        return ("content_block_start", {"type": "content_block_start", "index": i,
+                                        "content_block": block})
+
+    def delta(i, d):
+        return ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
+
+    def stop(i):
+        return ("content_block_stop", {"type": "content_block_stop", "index": i})
+
+    assert parse_frames(frames) == [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "chatcmpl-abc123", "type": "message", "role": "assistant", "content": [],
+            "model": "tinyllama-2-anthropic", "stop_reason": None, "stop_sequence": None,
+            "usage": {"cache_read_input_tokens": 4, "input_tokens": 16, "output_tokens": 0}}}),
+        start(0, {"type": "thinking", "thinking": ""}),
+        delta(0, {"type": "thinking_delta", "thinking": "Let me"}),
+        delta(0, {"type": "thinking_delta", "thinking": " think."}),
+        # reasoning seen: the text block is 1
+        start(1, {"type": "text", "text": ""}),
+        delta(1, {"type": "text_delta", "text": "It is"}),
+        delta(1, {"type": "text_delta", "text": " sunny."}),
+        # tool call 0 after thinking and text: block 2; its start has no input
+        start(2, {"type": "tool_use", "id": "call_1", "name": "get_weather"}),
+        delta(2, {"type": "input_json_delta", "partial_json": '{"loc'}),
+        delta(2, {"type": "input_json_delta", "partial_json": 'ation": "Paris"}'}),
+        # the final: thinking closes after an empty signature, then text, then the call
+        delta(0, {"type": "signature_delta", "signature": ""}),
+        stop(0), stop(1), stop(2),
+        ("message_delta", {"type": "message_delta",
+                           "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                           "usage": {"output_tokens": 15}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def test_stream_text_only_and_exact_bytes():
+    reply = AnthropicReply(META, {"stream": True})
+    frames = reply.start(n_prompt=9, n_cached=0)
+    frames += reply.update(msg_diffs(ChatMsg(), ChatMsg(content="Hé")))
+    frames += reply.end(outcome(ChatMsg(content="Hé"), "length", n_decoded=30))
+    # compact JSON, UTF-8 kept, keys in the C++ order
+    assert frames[1:] == [
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        '"content_block":{"type":"text","text":""}}\n\n',
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        '"delta":{"type":"text_delta","text":"Hé"}}\n\n',
+        'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+        'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+        '"max_tokens","stop_sequence":null},"usage":{"output_tokens":30}}\n\n',
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ]
+
+
+def test_stream_stop_sequence():
+    reply = AnthropicReply(META, {"stream": True})
+    reply.update(msg_diffs(ChatMsg(), ChatMsg(content="1 2 3")))
+    events = parse_frames(reply.end(outcome(ChatMsg(content="1 2 3"), "stop", "END")))
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn", "stop_sequence": "END"}
+
+
+def test_stream_final_parse_diffs():
+    # the final parse may release text the partial parse held back and complete a tool call;
+    # to_json_anthropic_stream renders those diffs with its block indexes
+    # (has_thinking + has_text + i for calls)
+    reply = AnthropicReply(META, {"stream": True})
+    reply.update(msg_diffs(ChatMsg(), ChatMsg(content="Hi")))
+    final = ChatMsg(content="Hi there", tool_calls=(ToolCall("ls", '{"path":"."}', "c9"),))
+    events = parse_frames(reply.end(outcome(final, "tool_calls", n_decoded=5)))
+    assert [(name, data.get("index")) for name, data in events] == [
+        ("content_block_delta", 0),  # the text block already started: no second start
+        ("content_block_start", 1), ("content_block_delta", 1),
+        ("content_block_stop", 0), ("content_block_stop", 1),
+        ("message_delta", None), ("message_stop", None)]
+    assert events[0][1]["delta"] == {"type": "text_delta", "text": " there"}
+    assert events[1][1]["content_block"] == {"type": "tool_use", "id": "c9", "name": "ls"}
+    assert events[2][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"path":"."}'}
+
+
+def test_stream_final_extends_started_call_without_restarting():
+    # llama-server's final would repeat content_block_start here (its started-set is local to
+    # to_json_anthropic_stream); each block starts once here, so indexes stay sequential, as
+    # test_anthropic_streaming_content_block_indices requires
+    reply = AnthropicReply(META, {"stream": True})
+    reply.update(msg_diffs(ChatMsg(), ChatMsg(tool_calls=(ToolCall("f", '{"a', "i1"),))))
+    final = ChatMsg(tool_calls=(ToolCall("f", '{"a": 1}', "i1"),))
+    events = parse_frames(reply.end(outcome(final, "tool_calls")))
+    assert [(name, data.get("index")) for name, data in events[:2]] == [
+        ("content_block_delta", 0), ("content_block_stop", 0)]
+    assert events[0][1]["delta"]["partial_json"] == '": 1}'
+
+
+def test_stream_two_calls_in_one_chunk_and_empty_update():
+    reply = AnthropicReply(META, {"stream": True})
+    assert reply.update([]) == []
+    calls = (ToolCall("a", "{}", "id_a"), ToolCall("b", "", "id_b"))
+    events = parse_frames(reply.update(msg_diffs(ChatMsg(), ChatMsg(tool_calls=calls))))
+    # no reasoning, no text: calls are blocks 0 and 1; an empty argument delta sends nothing
+    assert [(name, data["index"]) for name, data in events] == [
+        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_start", 1)]
+
+
+def test_stream_error_frame():
+    reply = AnthropicReply(META, {"stream": True})
+    body = ApiError(500, "boom").body()
+    # format_anthropic_sse({"event": "error", "data": <format_error_response>})
+    expected = ['event: error\ndata: {"code":500,"message":"boom","type":"server_error"}\n\n']
+    assert reply.error(body) == expected
+    assert reply.error(body["error"]) == expected

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
+from edgeinfer.chat.message import ChatMsg, MsgDiff, ToolCall, msg_diffs
+from edgeinfer.server.apis import ChatMeta, ChatOutcome, sse_frame
 from edgeinfer.server.errors import ApiError, bad_request
 
 DEFAULT_MAX_TOKENS = 4096  # "required in Anthropic, but we're permissive"
@@ -240,3 +243,200 @@ def count_tokens_reply(n_tokens: int) -> dict:
     """/v1/messages/count_tokens: the prompt's token count and nothing else (handle_count_tokens
     adds "object" only on the OpenAI routes)."""
     return {"input_tokens": n_tokens}
+
+
+# -- reply -----------------------------------------------------------------------------------
+def stop_reason(outcome: ChatOutcome) -> str:
+    """llama-server's rule: a stop word or end of generation ends the turn (with tool calls,
+    for tool use); anything else (the token or context limit) is max_tokens."""
+    if outcome.finish_reason == "length":
+        return "max_tokens"
+    return "tool_use" if outcome.message.tool_calls else "end_turn"
+
+
+def _tool_input(arguments: str) -> Any:
+    """The arguments as JSON; text that does not parse (nlohmann has no NaN) gives {}."""
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+    try:
+        return json.loads(arguments, parse_constant=refuse)
+    except ValueError:
+        return {}
+
+
+def content_blocks(msg: ChatMsg) -> list[dict]:
+    """thinking, then text, then one tool_use per call; empty parts give no block."""
+    blocks = []
+    if msg.reasoning_content:
+        blocks.append({"type": "thinking", "thinking": msg.reasoning_content, "signature": ""})
+    if msg.content:
+        blocks.append({"type": "text", "text": msg.content})
+    for call in msg.tool_calls:
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                       "input": _tool_input(call.arguments)})
+    return blocks
+
+
+def _usage(n_prompt: int, n_cached: int, n_decoded: int) -> dict:
+    """input_tokens counts only the prompt tokens evaluated, the cached ones apart."""
+    return {"cache_read_input_tokens": n_cached, "input_tokens": n_prompt - n_cached,
+            "output_tokens": n_decoded}
+
+
+def _apply(msg: ChatMsg, diffs: list[MsgDiff]) -> ChatMsg:
+    """The message the diffs build (the inverse of msg_diffs)."""
+    calls = list(msg.tool_calls)
+    reasoning, content = msg.reasoning_content, msg.content
+    for diff in diffs:
+        reasoning += diff.reasoning_content_delta
+        content += diff.content_delta
+        delta = diff.tool_call_delta
+        if diff.tool_call_index < 0 or delta is None:
+            continue
+        if diff.tool_call_index == len(calls):
+            calls.append(delta)
+            continue
+        old = calls[diff.tool_call_index]
+        name, id_ = (delta.name, delta.id) if delta.name or delta.id else (old.name, old.id)
+        calls[diff.tool_call_index] = ToolCall(name, old.arguments + delta.arguments, id_)
+    return replace(msg, reasoning_content=reasoning, content=content, tool_calls=tuple(calls))
+
+
+def _event(data: dict) -> str:
+    """One frame of format_anthropic_sse: the event name is the data's type."""
+    return sse_frame(data, event=data["type"])
+
+
+def _block_start(index: int, block: dict) -> str:
+    return _event({"type": "content_block_start", "index": index, "content_block": block})
+
+
+def _block_delta(index: int, delta: dict) -> str:
+    return _event({"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def _block_stop(index: int) -> str:
+    return _event({"type": "content_block_stop", "index": index})
+
+
+class AnthropicReply:
+    """One /v1/messages reply. For a stream: `start` with the first generated token,
+    `update` with each token's diffs, `end` with the outcome (it renders the final parse's
+    own diffs), or `error`. Blocks are numbered thinking (0), text (0 or 1), then one per
+    tool call, as llama-server numbers them."""
+
+    def __init__(self, meta: ChatMeta, request: dict) -> None:
+        self.meta = meta
+        self.request = request  # nothing of it is echoed: the model is the server's name
+        self._msg = ChatMsg()  # what the updates have built so far
+        self._thinking_started = False
+        self._text_started = False
+        self._tools_started: set[int] = set()
+
+    def reply(self, outcome: ChatOutcome) -> dict:
+        """server_task_result_cmpl_final::to_json_anthropic."""
+        return {"id": self.meta.id, "type": "message", "role": "assistant",
+                "content": content_blocks(outcome.message), "model": self.meta.model,
+                "stop_reason": stop_reason(outcome),
+                "stop_sequence": outcome.stopping_word or None,
+                "usage": _usage(outcome.n_prompt, outcome.n_cached, outcome.n_decoded)}
+
+    def start(self, n_prompt: int, n_cached: int) -> list[str]:
+        """message_start, which llama-server sends with the first generated token's events
+        (the partial result whose n_decoded is 1), once the prompt's cache use is known."""
+        message = {"id": self.meta.id, "type": "message", "role": "assistant", "content": [],
+                   "model": self.meta.model, "stop_reason": None, "stop_sequence": None,
+                   "usage": _usage(n_prompt, n_cached, 0)}
+        return [_event({"type": "message_start", "message": message})]
+
+    def update(self, diffs: list[MsgDiff]) -> list[str]:
+        """server_task_result_cmpl_partial::to_json_anthropic: a block starts with its first
+        delta. The text block's index counts reasoning seen so far, this chunk's included;
+        a tool call's counts the text block only once it has started."""
+        self._msg = _apply(self._msg, diffs)
+        has_reasoning = bool(self._msg.reasoning_content)
+        frames = []
+        for diff in diffs:
+            frames += self._thinking_frames(diff) + self._text_frames(diff, has_reasoning)
+            if diff.tool_call_index >= 0 and diff.tool_call_delta is not None:
+                index = int(has_reasoning) + int(self._text_started) + diff.tool_call_index
+                delta = diff.tool_call_delta
+                if delta.name:  # a new call, or one whose name or id changed: a new start
+                    frames.append(_block_start(index, _tool_use(delta)))
+                    self._tools_started.add(diff.tool_call_index)
+                frames += _arguments_frames(index, delta)
+        return frames
+
+    def end(self, outcome: ChatOutcome) -> list[str]:
+        """server_task_result_cmpl_final::to_json_anthropic_stream: the diffs of the final
+        parse, each block's stop (the thinking block after an empty signature_delta), then
+        message_delta and message_stop.
+
+        One difference: llama-server forgets here which blocks the partial results started,
+        so a final diff to text or to a started tool call repeats its content_block_start;
+        this sends each start once."""
+        msg = outcome.message
+        has_thinking, n_text = bool(msg.reasoning_content), int(bool(msg.content))
+        frames = []
+        for diff in msg_diffs(self._msg, msg):
+            frames += self._thinking_frames(diff) + self._text_frames(diff, has_thinking)
+            i = diff.tool_call_index
+            if i >= 0 and diff.tool_call_delta is not None:
+                index = int(has_thinking) + n_text + i
+                if i not in self._tools_started:
+                    frames.append(_block_start(index, _tool_use(msg.tool_calls[i])))
+                    self._tools_started.add(i)
+                frames += _arguments_frames(index, diff.tool_call_delta)
+        self._msg = msg
+        return frames + _closing_frames(outcome, has_thinking, n_text)
+
+    def error(self, body: dict) -> list[str]:
+        """An error after the stream began: `event: error` with the bare error object (the
+        inside of ApiError.body()'s envelope), after which the stream ends."""
+        error = body["error"] if isinstance(body.get("error"), dict) else body
+        return [sse_frame(error, event="error")]
+
+    def _thinking_frames(self, diff: MsgDiff) -> list[str]:
+        if not diff.reasoning_content_delta:
+            return []
+        frames = []
+        if not self._thinking_started:
+            frames.append(_block_start(0, {"type": "thinking", "thinking": ""}))
+            self._thinking_started = True
+        delta = {"type": "thinking_delta", "thinking": diff.reasoning_content_delta}
+        return frames + [_block_delta(0, delta)]
+
+    def _text_frames(self, diff: MsgDiff, has_reasoning: bool) -> list[str]:
+        if not diff.content_delta:
+            return []
+        index, frames = int(has_reasoning), []
+        if not self._text_started:
+            frames.append(_block_start(index, {"type": "text", "text": ""}))
+            self._text_started = True
+        return frames + [_block_delta(index, {"type": "text_delta", "text": diff.content_delta})]
+
+
+def _tool_use(call: ToolCall) -> dict:
+    """A tool_use block's start: no input yet (llama-server sends none), it streams."""
+    return {"type": "tool_use", "id": call.id, "name": call.name}
+
+
+def _arguments_frames(index: int, delta: ToolCall) -> list[str]:
+    if not delta.arguments:
+        return []
+    return [_block_delta(index, {"type": "input_json_delta", "partial_json": delta.arguments})]
+
+
+def _closing_frames(outcome: ChatOutcome, has_thinking: bool, n_text: int) -> list[str]:
+    frames = []
+    if has_thinking:  # Anthropic's clients expect a signature; a local model has none
+        frames += [_block_delta(0, {"type": "signature_delta", "signature": ""}),
+                   _block_stop(0)]
+    if n_text:
+        frames.append(_block_stop(int(has_thinking)))
+    first_tool = int(has_thinking) + n_text
+    frames += [_block_stop(first_tool + i) for i in range(len(outcome.message.tool_calls))]
+    delta = {"stop_reason": stop_reason(outcome), "stop_sequence": outcome.stopping_word or None}
+    frames.append(_event({"type": "message_delta", "delta": delta,
+                          "usage": {"output_tokens": outcome.n_decoded}}))
+    return frames + [_event({"type": "message_stop"})]
