@@ -40,6 +40,7 @@ class ChatOutcome:
     n_cached: int  # of them reused from the KV cache
     n_decoded: int  # generated tokens
     timings: dict  # llama-server's timings object
+    stopping_word: str = ""  # the stop string that ended it (llama-server's stopping_word)
 
 
 def sse_frame(data: dict | str, event: str | None = None) -> str:
