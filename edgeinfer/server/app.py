@@ -44,6 +44,11 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/chat/completions/input_tokens", chat.chat_input_tokens),
     ("POST", "/v1/chat/completions/input_tokens", chat.chat_input_tokens),
     ("POST", "/apply-template", chat.apply_template),
+    ("POST", "/v1/messages", chat.messages),
+    ("POST", "/v1/messages/count_tokens", chat.count_tokens),
+    ("POST", "/v1/responses", chat.responses), ("POST", "/responses", chat.responses),
+    ("POST", "/v1/responses/input_tokens", chat.responses_input_tokens),
+    ("POST", "/responses/input_tokens", chat.responses_input_tokens),
     ("POST", "/tokenize", info.tokenize), ("POST", "/detokenize", info.detokenize),
     ("GET", "/openapi.json", info.openapi),
 ]

@@ -81,6 +81,7 @@ class TokenEvent:
     slot: int
     probs: TokenProbs | None = None
     timings: dict | None = None  # only with timings_per_token
+    n_cached: int = 0  # prompt tokens reused from the KV cache
 
 
 @dataclass
@@ -566,7 +567,8 @@ class Engine(threading.Thread):
         text, hit = slot.matcher.feed(piece)
         slot.has_new_line = slot.has_new_line or "\n" in text
         timings = self._timings(slot) if params.timings_per_token else None
-        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs, timings))
+        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs, timings,
+                            slot.n_cached))
         if hit:
             word = _first_stop(pending + piece, params.stop)
             return self._finish(slot, "word", word)

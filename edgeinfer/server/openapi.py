@@ -145,6 +145,12 @@ def _request_schemas(n_vocab: int, n_slots: int) -> dict:
              "with_pieces": {"type": "boolean"}}, ("content",)),
         "DetokenizeRequest": _obj({"tokens": {"type": "array", "items": _int(0, n_vocab - 1)}}),
         "ApplyTemplateRequest": _obj({"messages": messages}, ("messages",)),
+        # the converters of apis/ take what llama-server takes; only the shape is checked
+        "MessagesRequest": _obj({"messages": {"type": "array"}, "max_tokens": _int(1),
+                                 "stream": {"type": "boolean"}}, ("messages",)),
+        "ResponsesRequest": _obj({"input": {"anyOf": [{"type": "string"}, {"type": "array"}]},
+                                  "max_output_tokens": _int(1),
+                                  "stream": {"type": "boolean"}}, ("input",)),
     }.items()}
 
 
@@ -185,6 +191,13 @@ def _reply_schemas() -> dict:
         "DetokenizeReply": _obj({"content": string}, ("content",)),
         "ApplyTemplateReply": _obj({"prompt": string}, ("prompt",)),
         "InputTokens": _obj({"input_tokens": integer, "object": string}, ("input_tokens",)),
+        "AnthropicMessage": _obj({"id": string, "type": {"const": "message"},
+                                  "content": {"type": "array"}, "stop_reason": string,
+                                  "usage": {"type": "object"}},
+                                 ("id", "type", "content", "usage")),
+        "Response": _obj({"id": string, "object": {"const": "response"},
+                          "output": {"type": "array"}, "usage": {"type": "object"}},
+                         ("id", "object", "output")),
         "Health": _obj({"status": {"const": "ok"}}, ("status",)),
         "Models": _obj({"object": {"const": "list"}, "data": {"type": "array", "items": model}},
                        ("object", "data")),
@@ -198,12 +211,14 @@ def _reply_schemas() -> dict:
 
 def _errors(*statuses: int) -> dict:
     text = {400: "invalid request", 401: "invalid API key", 413: "request body too large",
+            500: "an image for a model without vision (llama-server's answer)",
             501: "not enabled on this server", 503: "loading, or no slot is free"}
     return {str(s): {"description": text[s], "content": {JSON: {"schema": _ref("Error")}}}
             for s in statuses}
 
 
-def _post(summary: str, request: str, reply: dict, stream: bool = False) -> dict:
+def _post(summary: str, request: str, reply: dict, stream: bool = False,
+          errors: tuple[int, ...] = (400, 413, 503)) -> dict:
     content = {JSON: {"schema": reply}}
     if stream:
         # before OpenAPI 3.2 (`itemSchema`), `schema` describes each event
@@ -214,7 +229,7 @@ def _post(summary: str, request: str, reply: dict, stream: bool = False) -> dict
         "summary": summary,
         "requestBody": {"required": True, "content": {JSON: {"schema": _ref(request)}}},
         "responses": {"200": {"description": "OK", "content": content},
-                      **_errors(400, 413, 503)}}}
+                      **_errors(*errors)}}}
 
 
 def _get(summary: str, reply: dict, media: str = JSON, errors: tuple[int, ...] = (503,),
@@ -250,6 +265,13 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
         "/v1/chat/completions": chat,
         "/v1/chat/completions/input_tokens": _post(
             "the chat prompt's length in tokens", "ChatRequest", _ref("InputTokens")),
+        "/v1/messages": _post("Anthropic Messages", "MessagesRequest",
+                              _ref("AnthropicMessage"), True, errors=(400, 413, 500, 503)),
+        "/v1/messages/count_tokens": _post("Anthropic token count", "MessagesRequest",
+                                           _ref("InputTokens"), errors=(400, 413, 500, 503)),
+        "/v1/responses": _post("OpenAI Responses", "ResponsesRequest", _ref("Response"), True),
+        "/v1/responses/input_tokens": _post("OpenAI Responses token count",
+                                            "ResponsesRequest", _ref("InputTokens")),
         "/tokenize": _post("text to token ids", "TokenizeRequest", _ref("TokenizeReply")),
         "/detokenize": _post("token ids to text", "DetokenizeRequest", _ref("DetokenizeReply")),
         "/apply-template": _post("the chat template alone", "ApplyTemplateRequest",
@@ -259,7 +281,9 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
     for alias, path in (("/v1/health", "/health"), ("/v1/models", "/models"),
                         ("/completions", "/completion"),
                         ("/chat/completions", "/v1/chat/completions"),
-                        ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens")):
+                        ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"),
+                        ("/responses", "/v1/responses"),
+                        ("/responses/input_tokens", "/v1/responses/input_tokens")):
         paths[alias] = paths[path]
     schema = {
         "openapi": "3.1.0",

@@ -1,19 +1,55 @@
-"""/v1/chat/completions: messages through the chat template, the reply as OpenAI's."""
+"""The chat routes: OpenAI chat completions, the Anthropic Messages API and the OpenAI
+Responses API share one path, as in llama-server. A request is converted to an OpenAI chat
+body (apis/), validated (params.parse_chat), rendered with the chat template into prompt
+tokens (`prepare`), run, and the generated text of each choice is parsed back into a message
+(content, reasoning, tool calls: `Choice`), whose diffs each API renders in its own shapes.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from edgeinfer.chat.message import ChatMsg, MsgDiff, msg_diffs
 from edgeinfer.server import responses as fmt
-from edgeinfer.server.engine import ProgressEvent
+from edgeinfer.server.apis import ChatMeta, ChatOutcome
+from edgeinfer.server.apis import anthropic as anthropic_api
+from edgeinfer.server.apis import oai_responses as responses_api
+from edgeinfer.server.apis.oai_chat import OaiChatReply
+from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent
 from edgeinfer.server.params import ChatRequest, parse_chat
 from edgeinfer.server.routes.completions import verbose_field
-from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, stream
+from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames
 from edgeinfer.server.state import Server
+
+
+# -- the prompt ------------------------------------------------------------------------------
+@dataclass
+class ChatPrompt:
+    req: ChatRequest
+    text: str
+    ids: list[int]
+    new_parser: Callable[[], Any]  # a parser of one choice's generated text
+
+
+class ContentParser:
+    """A template without thinking or tool-call markers: the text is the content."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def feed(self, text: str) -> ChatMsg:
+        self.text += text
+        return ChatMsg(content=self.text)
+
+    def finish(self) -> ChatMsg:
+        return ChatMsg(content=self.text)
 
 
 def render_chat(server: Server, messages: list[dict], add_generation_prompt: bool = True,
@@ -27,54 +63,161 @@ def render_chat(server: Server, messages: list[dict], add_generation_prompt: boo
     return model.apply_chat_template(messages, add_generation_prompt, **kwargs)
 
 
-def chat_prompt(server: Server, req: ChatRequest) -> str:
-    return render_chat(server, req.messages, req.add_generation_prompt, **req.template_kwargs)
+async def prepare(server: Server, body: dict) -> ChatPrompt:
+    """An OpenAI chat body -> the validated request, its prompt and how to parse replies."""
+    req = parse_chat(body, vocab=server.vocab, defaults=server.defaults)
+    text = render_chat(server, req.messages, req.add_generation_prompt, **req.template_kwargs)
+    ids = await asyncio.to_thread(server.model.tokenize, text, True, True)
+    return ChatPrompt(req, text, ids, ContentParser)
 
 
-async def chat_ids(server: Server, req: ChatRequest) -> list[int]:
-    """The prompt's tokens (specials parsed, BOS as the model says), in a worker thread."""
-    text = chat_prompt(server, req)
-    return await asyncio.to_thread(server.model.tokenize, text, True, True)
+class Choice:
+    """One choice's message as its text arrives, and the diffs each piece makes."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser, self.msg = parser, ChatMsg()
+
+    def feed(self, text: str) -> list[MsgDiff]:
+        return self._to(self.parser.feed(text)) if text else []
+
+    def finish(self, final: FinalEvent) -> tuple[list[MsgDiff], ChatOutcome]:
+        diffs = self.feed(final.text)
+        diffs += self._to(self.parser.finish())
+        reason = "length" if final.stop_type == "limit" else "stop"
+        return diffs, ChatOutcome(self.msg, reason, final.n_prompt, final.n_cached,
+                                  final.n_decoded, final.timings, final.stopping_word)
+
+    def _to(self, msg: ChatMsg) -> list[MsgDiff]:
+        diffs, self.msg = msg_diffs(self.msg, msg), msg
+        return diffs
 
 
+def _meta(server: Server, id_: str | None = None) -> ChatMeta:
+    return ChatMeta(server.model_id, id_ or fmt.completion_id(), int(time.time()))
+
+
+async def _outcomes(request: Request, run: Run,
+                    prompt: ChatPrompt) -> tuple[list[ChatOutcome], list[fmt.Result]]:
+    """A non-stream reply: every choice's whole text, parsed once."""
+    results = await collect(request, run)
+    outcomes = []
+    for result in results:
+        choice = Choice(prompt.new_parser())
+        text, tail = result.content, result.final.text
+        choice.feed(text[:len(text) - len(tail)])
+        outcomes.append(choice.finish(result.final)[1])
+    return outcomes, results
+
+
+# -- OpenAI chat completions -------------------------------------------------------------------
 async def chat(server: Server, request: Request) -> Response:
     """POST /v1/chat/completions."""
-    req = parse_chat(await server.read_json(request), vocab=server.vocab,
-                     defaults=server.defaults)
-    ids = await chat_ids(server, req)
-    check_prompt(server, ids)
-    meta = fmt.Meta(server.model_id)
-    run = Run(server, each_completion(server, [ids], req.params), req.params)
-    if req.params.stream:
-        started: set[int] = set()
+    prompt = await prepare(server, await server.read_json(request))
+    check_prompt(server, prompt.ids)
+    params = prompt.req.params
+    reply = OaiChatReply(_meta(server), fmt.BUILD_INFO, params.include_usage)
+    run = Run(server, each_completion(server, [prompt.ids], params), params)
+    if params.stream:
+        choices = [Choice(prompt.new_parser()) for _ in run.jobs]
 
-        def chunks(index: int, event: Any) -> list[dict]:
-            if isinstance(event, ProgressEvent) or index in started:
-                head = []
+        def render(index: int, event: Any) -> str:
+            choice = choices[index]
+            if isinstance(event, ProgressEvent):
+                chunks = reply.partial(index, [], False, progress=fmt.progress_json(event))
+            elif isinstance(event, TokenEvent):
+                probs = fmt.probs_json([event.probs], server.piece) if event.probs else None
+                chunks = reply.partial(index, choice.feed(event.text), event.n_decoded == 1,
+                                       probs, event.timings)
             else:
-                head = [fmt.chat_role_chunk(meta, index)]
-                started.add(index)
-            return head + fmt.chat_chunks(event, meta, server.piece, req.params.include_usage,
-                                          index)
-        return stream(run, chunks, True, server.ping_interval(req.params))
-    results = await collect(request, run)
-    reply = fmt.chat_reply(results, meta, server.piece, req.logprobs)
-    if req.params.verbose:
-        reply.update(verbose_field(server, req.params, ids, results[0]))
-    return JSONResponse(reply)
+                diffs, outcome = choice.finish(event)
+                chunks = reply.final(index, diffs, outcome, first=event.n_decoded == 0)
+            return "".join(fmt.sse(c) for c in chunks)
+        return frames(run, render, fmt.sse, fmt.sse("[DONE]"), server.ping_interval(params))
+    outcomes, results = await _outcomes(request, run, prompt)
+    logprobs = [fmt.probs_json(r.probs, server.piece) for r in results] \
+        if prompt.req.logprobs else None
+    body = reply.reply(outcomes, logprobs)
+    if params.verbose:
+        body.update(verbose_field(server, params, prompt.ids, results[0]))
+    return JSONResponse(body)
 
 
 async def chat_input_tokens(server: Server, request: Request) -> Response:
     """POST /v1/chat/completions/input_tokens: the prompt's length in tokens, without
     running it (llama-server's handle_count_tokens)."""
-    req = parse_chat(await server.read_json(request), vocab=server.vocab,
-                     defaults=server.defaults)
-    ids = await chat_ids(server, req)
-    return JSONResponse({"input_tokens": len(ids), "object": "response.input_tokens"})
+    prompt = await prepare(server, await server.read_json(request))
+    return JSONResponse({"input_tokens": len(prompt.ids), "object": "response.input_tokens"})
 
 
 async def apply_template(server: Server, request: Request) -> Response:
     """POST /apply-template: the prompt a chat request would run, as text."""
-    req = parse_chat(await server.read_json(request), vocab=server.vocab,
-                     defaults=server.defaults)
-    return JSONResponse({"prompt": chat_prompt(server, req)})
+    prompt = await prepare(server, await server.read_json(request))
+    return JSONResponse({"prompt": prompt.text})
+
+
+# -- Anthropic Messages --------------------------------------------------------------------------
+async def messages(server: Server, request: Request) -> Response:
+    """POST /v1/messages."""
+    body = await server.read_json(request)
+    prompt = await prepare(server, anthropic_api.to_chat_body(body))
+    check_prompt(server, prompt.ids)
+    reply = anthropic_api.AnthropicReply(_meta(server), body)
+    params = prompt.req.params
+    run = Run(server, [prompt.ids], params)
+    if params.stream:
+        choice = Choice(prompt.new_parser())
+
+        def render(index: int, event: Any) -> str:
+            if isinstance(event, ProgressEvent):
+                return ""
+            if isinstance(event, TokenEvent):
+                head = reply.start(len(prompt.ids), event.n_cached) \
+                    if event.n_decoded == 1 else []
+                return "".join(head + reply.update(choice.feed(event.text)))
+            _, outcome = choice.finish(event)
+            head = reply.start(outcome.n_prompt, outcome.n_cached) \
+                if event.n_decoded == 0 else []
+            return "".join(head + reply.end(outcome))
+        return frames(run, render, lambda err: "".join(reply.error(err)), "",
+                      server.ping_interval(params))
+    outcomes, _ = await _outcomes(request, run, prompt)
+    return JSONResponse(reply.reply(outcomes[0]))
+
+
+async def count_tokens(server: Server, request: Request) -> Response:
+    """POST /v1/messages/count_tokens."""
+    body = anthropic_api.to_chat_body(await server.read_json(request))
+    prompt = await prepare(server, body)
+    return JSONResponse(anthropic_api.count_tokens_reply(len(prompt.ids)))
+
+
+# -- OpenAI Responses ----------------------------------------------------------------------------
+async def responses(server: Server, request: Request) -> Response:
+    """POST /v1/responses."""
+    body = await server.read_json(request)
+    prompt = await prepare(server, responses_api.to_chat_body(body))
+    check_prompt(server, prompt.ids)
+    reply = responses_api.ResponsesReply(_meta(server, responses_api.response_id()), body)
+    params = prompt.req.params
+    run = Run(server, [prompt.ids], params)
+    if params.stream:
+        choice = Choice(prompt.new_parser())
+
+        def render(index: int, event: Any) -> str:
+            if isinstance(event, ProgressEvent):
+                return "".join(reply.progress(fmt.progress_json(event), event.timings))
+            if isinstance(event, TokenEvent):
+                return "".join(reply.update(choice.feed(event.text), event.timings))
+            _, outcome = choice.finish(event)
+            return "".join(reply.end(outcome))
+        return frames(run, render, lambda err: "".join(reply.error(err)), "",
+                      server.ping_interval(params))
+    outcomes, _ = await _outcomes(request, run, prompt)
+    return JSONResponse(reply.reply(outcomes[0]))
+
+
+async def responses_input_tokens(server: Server, request: Request) -> Response:
+    """POST /v1/responses/input_tokens."""
+    body = responses_api.to_chat_body(await server.read_json(request))
+    prompt = await prepare(server, body)
+    return JSONResponse({"input_tokens": len(prompt.ids), "object": "response.input_tokens"})
