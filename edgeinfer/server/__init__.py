@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.server.apis.vertex import VertexSettings
 from edgeinfer.server.options import ServerSettings
 
 log = logging.getLogger("edgeinfer.server")
@@ -28,6 +30,11 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
     from edgeinfer.server.shutdown import FLUSH_SECONDS, DrainingServer, Gate
 
     settings = settings or ServerSettings()
+    try:
+        vertex = VertexSettings.from_env()
+    except ValueError as exc:
+        raise EdgeInferError(str(exc)) from None
+    settings = replace(settings, port=vertex.listen_port(settings.port))
     _setup_logging(settings.verbose)
     failures: list[BaseException] = []
     socks = _bind_all(settings.hosts, settings.port)
@@ -46,7 +53,7 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
                           ",".join((settings.allowed_hosts, *settings.hosts[1:])),
                           settings.hosts[0])
     config.app = create_app(Server(engine, Path(model_path), settings, access=access,
-                                   gate=gate))
+                                   gate=gate, vertex=vertex))
     log.info("listening on %s (loading %s)", ", ".join(_url(s) for s in socks), model_path)
     engine.start()
     try:

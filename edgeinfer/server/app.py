@@ -17,9 +17,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.server.apis import vertex
 from edgeinfer.server.errors import BAD_KEY, LOADING, NOT_FOUND, ApiError, bad_request
 from edgeinfer.server.headers import HeaderCaseMiddleware
 from edgeinfer.server.routes import chat, completions, info
+from edgeinfer.server.routes import vertex as vertex_routes
 from edgeinfer.server.runs import ClientGone, EventStream
 from edgeinfer.server.security import AccessMiddleware, key_matches, public_error, request_key
 from edgeinfer.server.shutdown import GateMiddleware
@@ -99,9 +101,25 @@ def _endpoint(server: Server, path: str, handler: Handler):
     return route
 
 
+def _vertex_routes(server: Server) -> list[tuple[str, str, Handler]]:
+    """Vertex AI's prediction route and health alias, with AIP_MODE=PREDICTION."""
+    settings = server.vertex
+    if not settings.enabled:
+        return []
+    try:
+        vertex.PredictRoutes.from_routes(ROUTES).check(settings)
+    except ValueError as exc:
+        raise EdgeInferError(str(exc)) from None
+    routes = [("POST", settings.predict_route, vertex_routes.predict)]
+    if settings.health_route:
+        routes.append(("GET", settings.health_route, info.health))
+    return routes
+
+
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="edgeinfer", docs_url=None, redoc_url=None, openapi_url=None)
-    for method, path, handler in ROUTES:
+    server.routes = tuple(ROUTES)
+    for method, path, handler in ROUTES + _vertex_routes(server):
         methods = [method, "HEAD"] if method == "GET" else [method]  # uvicorn drops HEAD bodies
         app.add_api_route(path, _endpoint(server, path, handler), methods=methods,
                           include_in_schema=False)
@@ -114,4 +132,5 @@ def create_app(server: Server) -> FastAPI:
     app.add_middleware(GateMiddleware, gate=server.gate)  # the last added runs first:
     app.add_middleware(AccessMiddleware, policy=server.access)  # Host, Origin, then the gate
     app.add_middleware(HeaderCaseMiddleware)  # outermost: every reply's header names
+    server.app = app
     return app

@@ -9,9 +9,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from fastapi import Request
 
+from edgeinfer.server.apis.vertex import VertexSettings
 from edgeinfer.server.engine import Engine
 from edgeinfer.server.errors import LOADING, bad_request
 from edgeinfer.server.json_body import read_json_body
@@ -32,6 +34,9 @@ class Server:
     access: AccessPolicy = field(default_factory=AccessPolicy)
     gate: Gate = field(default_factory=Gate)
     start_time: float = field(default_factory=time.time)
+    vertex: VertexSettings = field(default_factory=lambda: VertexSettings(False, "", "", 0))
+    app: Any = None  # the ASGI app serving these routes (create_app sets it)
+    routes: tuple = ()  # (method, path, handler) as registered, Vertex's predict excluded
 
     @property
     def model(self):
