@@ -162,14 +162,14 @@ class AccessMiddleware:
         await self.app(scope, receive, send_with_cors)
 
     async def _preflight(self, send, headers: Mapping[str, str], cors: list) -> None:
-        cors = [*cors, (b"access-control-allow-methods", b"GET, HEAD, POST, OPTIONS"),
+        cors = [*cors, (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
                 (b"access-control-allow-headers",
                  headers.get("access-control-request-headers", "*").encode("latin-1")),
                 (b"access-control-max-age", PREFLIGHT_MAX_AGE.encode()),
                 (b"content-length", b"0")]
         if headers.get("access-control-request-private-network") == "true":
             cors.append((b"access-control-allow-private-network", b"true"))
-        await send({"type": "http.response.start", "status": 204, "headers": cors})
+        await send({"type": "http.response.start", "status": 200, "headers": cors})
         await send({"type": "http.response.body", "body": b""})
 
 
