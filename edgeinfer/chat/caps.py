@@ -135,6 +135,14 @@ def _track(value: Any) -> Any:
     return value
 
 
+def _untrack(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _untrack(v) for k, v in dict.items(value)}
+    if isinstance(value, list):
+        return [_untrack(v) for v in list.__iter__(value)]
+    return str(value) if isinstance(value, _TrackedStr) else value
+
+
 def _tracking_environment(source: str) -> jinja2.Template:
     """The template compiled in a private environment whose filters and `is string` test
     record what they are applied to (tojson and string read their input deeply)."""
@@ -153,6 +161,8 @@ def _recording_filter(name: str, func):
         values = [a for a in args[:2] if _tracked(a)]
         for value in values[:1]:
             _mark(value, name, deep=deep)
+        if deep:  # serialising must not count as indexing or iterating
+            args = tuple(_untrack(a) for a in args)
         return func(*args, **kwargs)
 
     for attr in ("jinja_pass_arg",):  # keep @pass_environment / @pass_context markers

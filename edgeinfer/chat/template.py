@@ -132,6 +132,8 @@ def hf_environment() -> ImmutableSandboxedEnvironment:
         extensions=[jinja2.ext.loopcontrols, _GenerationBlocks], undefined=_LenientUndefined,
     )
     env.filters["tojson"] = _tojson
+    # Markup would HTML-escape what is concatenated to it; llama.cpp's `safe` does nothing.
+    env.filters["safe"] = str
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
