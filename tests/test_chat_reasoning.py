@@ -182,6 +182,21 @@ def test_forced_open_thinking_keeps_the_prompt_marker():
     assert message.content == "<think>\nLet me see\n</think>\n42"
 
 
+@pytest.mark.parametrize("template_name,reasoning,expected", [
+    ("Qwen-QwQ-32B", "auto", True),
+    ("Qwen-QwQ-32B", "off", False),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "on", True),
+    ("Qwen-Qwen3-0.6B", "auto", False),
+    ("Qwen-Qwen3-0.6B", "off", False),
+    ("meta-llama-Llama-3.3-70B-Instruct", "auto", False),
+])
+def test_starts_in_reasoning(template_name, reasoning, expected):
+    templates = init_templates(template_source(template_name))
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    syntax = chat_prompt(templates, body, chat_settings(templates, reasoning=reasoning)).syntax
+    assert syntax.starts_in_reasoning is expected
+
+
 def test_empty_thinking_block_gives_no_reasoning():
     """With thinking off QwQ's prompt ends in "<think>\n</think>": the reasoning read is
     only whitespace, which common_chat_peg_mapper drops."""

@@ -1,24 +1,29 @@
-"""Chat: llama.cpp's chat template and reasoning layer (common/chat.cpp and friends).
+"""Chat: llama.cpp's chat-template and reasoning layer (common/chat.cpp and friends).
 
-Startup (once per model):
+Startup, once per model (common_chat_templates_init, server-context.cpp):
 
-    templates = init_templates(override, model_template=..., model_tool_use_template=...,
-                               bos_token=..., eos_token=..., add_bos=..., add_eos=...)
+    templates = init_templates(override,        # --chat-template value / file contents, or ""
+                               model_template=meta.get("tokenizer.chat_template"),
+                               model_tool_use_template=meta.get(
+                                   "tokenizer.chat_template.tool_use"),
+                               bos_token=..., eos_token=...,   # the vocab's BOS/EOS as text
+                               add_bos=..., add_eos=...)       # the tokenizer adds them
     settings = chat_settings(templates, use_jinja=..., reasoning="auto", ...)
 
-Per request (/apply-template, /v1/chat/completions):
+Per request (/apply-template, /v1/chat/completions; ChatRequestError means HTTP 400):
 
-    prompt = chat_prompt(templates, body, settings)   # ChatRequestError -> HTTP 400
-    prompt.prompt                                     # the text to tokenize
-    parser = ChatParser(prompt.syntax)
-    for piece in generated_text_pieces:
-        diffs = parser.feed(piece)                    # list[MsgDiff] for the stream
-    diffs = parser.finish()                           # ChatParseError if it does not fit
-    parser.message                                    # the final ChatMsg
+    prompt = chat_prompt(templates, body, settings)
+    prompt.prompt               # the text to tokenize (/apply-template returns it)
+    prompt.additional_stops     # stop strings to add to the request's
+    parser = ChatParser(prompt.syntax, echo=False)
+    for piece in generated_text:            # decoded text, whole characters
+        diffs = parser.feed(piece)          # list[MsgDiff]: reasoning/content deltas
+    diffs = parser.finish()                 # last diffs; ChatParseError if the output
+    message = parser.message                # does not fit the template's format
 
-Lower level: `prepare_chat(templates, ChatInputs(...))` renders from typed inputs;
+Lower level: `prepare_chat(templates, ChatInputs(...))` renders typed inputs;
 `messages_from_json` / `tools_from_json` read OpenAI JSON; `legacy` holds the --no-jinja
-formatters; `render_chat` renders a template directly (used by edgeinfer.api).
+formats; `render_chat` renders a template directly (edgeinfer.api uses it).
 """
 
 from edgeinfer.chat.message import ChatMsg, ContentPart, MsgDiff, ToolCall, msg_diffs

@@ -82,6 +82,16 @@ class ChatSyntax:
     def extracting_reasoning(self) -> bool:
         return self.reasoning_format != "none" and self.reasoning_mode != REASONING_NONE
 
+    @property
+    def starts_in_reasoning(self) -> bool:
+        """The prompt leaves the model inside an open reasoning block (QwQ, DeepSeek-R1, a
+        continued reasoning): the generation prompt after the prefix opens the reasoning
+        start marker and does not close it. The grammar needs no flag for this, since it
+        re-reads the generation prompt; a stream may want to open its thinking block."""
+        tail = self.generation_prompt[len(self.prefix):]
+        start, end = trim(self.reasoning_start), trim(self.reasoning_end)
+        return bool(start) and tail.startswith(start) and not (end and end in tail)
+
 
 # tool format name -> (syntax, reasoning parser) -> the grammar after the prefix
 TOOL_PARSERS: dict[str, Callable[[ChatSyntax, peg.Parser], peg.Parser]] = {}
