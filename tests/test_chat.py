@@ -110,13 +110,22 @@ def test_bos_stripping():
         "{{ ''.__class__.__mro__ }}",
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",
         "{{ messages.__class__.__init__.__globals__ }}",
-        "{% set _ = messages.append({'role': 'user', 'content': 'x'}) %}",
+        "{% set _ = messages[0].update({'role': 'user'}) %}",
     ],
 )
 def test_sandbox_blocks_unsafe_access(template):
     messages = [{"role": "user", "content": "Hi"}]
     with pytest.raises(EdgeInferError, match="unsafe"):
         render_chat(template, messages)
+    assert messages == [{"role": "user", "content": "Hi"}]
+
+
+def test_list_append_works_on_a_copy():
+    # llama.cpp's jinja runtime has list append (common/jinja/value.cpp); Kimi-K2's template
+    # needs it. The caller's messages are never changed.
+    messages = [{"role": "user", "content": "Hi"}]
+    template = "{% set _ = messages.append({'role': 'user'}) %}{{ messages|length }}"
+    assert render_chat(template, messages) == "2"
     assert messages == [{"role": "user", "content": "Hi"}]
 
 
@@ -148,4 +157,12 @@ def test_syntax_error_is_edgeinfer_error():
 
 def test_runtime_type_error_is_edgeinfer_error():
     with pytest.raises(EdgeInferError, match="chat template failed"):
-        render_chat(None, [{"role": "user", "content": None}])
+        render_chat("{{ messages[0].content + [] }}", [{"role": "user", "content": "x"}])
+
+
+def test_string_plus_null_or_undefined_is_the_string():
+    # llama.cpp's jinja runtime (common/jinja/runtime.cpp, workaround_concat_null_with_str)
+    # concatenates none and undefined as "", and numbers as their text.
+    assert render_chat(None, [{"role": "user", "content": None}]) == (
+        "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+    assert render_chat("{{ 'a' + nothing + 'b' + 1 + nothing.deeper }}", []) == "ab1"

@@ -1,8 +1,58 @@
-"""Chat: templates that turn messages into a prompt (template.py), and the assistant message
-read back out of the generated text (message.py: content, reasoning, tool calls)."""
+"""Chat: llama.cpp's chat-template and reasoning layer (common/chat.cpp and friends).
 
-from edgeinfer.chat.message import ChatMsg, MsgDiff, ToolCall, msg_diffs
+Startup, once per model (common_chat_templates_init, server-context.cpp):
+
+    templates = init_templates(override,        # --chat-template value / file contents, or ""
+                               model_template=meta.get("tokenizer.chat_template"),
+                               model_tool_use_template=meta.get(
+                                   "tokenizer.chat_template.tool_use"),
+                               bos_token=..., eos_token=...,   # the vocab's BOS/EOS as text
+                               add_bos=..., add_eos=...)       # the tokenizer adds them
+    settings = chat_settings(templates, use_jinja=..., reasoning="auto", ...)
+
+Per request (/apply-template, /v1/chat/completions; ChatRequestError means HTTP 400):
+
+    prompt = chat_prompt(templates, body, settings)
+    prompt.prompt               # the text to tokenize (/apply-template returns it)
+    prompt.additional_stops     # stop strings to add to the request's
+    parser = ChatParser(prompt.syntax, echo=False)
+    for piece in generated_text:            # decoded text, whole characters
+        diffs = parser.feed(piece)          # list[MsgDiff]: reasoning/content deltas
+    diffs = parser.finish()                 # last diffs; ChatParseError if the output
+    message = parser.message                # does not fit the template's format
+
+Lower level: `prepare_chat(templates, ChatInputs(...))` renders typed inputs;
+`messages_from_json` / `tools_from_json` read OpenAI JSON; `legacy` holds the --no-jinja
+formats; `render_chat` renders a template directly (edgeinfer.api uses it).
+"""
+
+from edgeinfer.chat.message import ChatMsg, ContentPart, MsgDiff, ToolCall, msg_diffs
+from edgeinfer.chat.parser import ChatParseError, ChatParser, ChatSyntax
+from edgeinfer.chat.prompt import (
+    ChatInputs,
+    ChatPrompt,
+    ChatTemplates,
+    ChatTool,
+    init_templates,
+    prepare_chat,
+    supports_enable_thinking,
+    verify_template,
+)
+from edgeinfer.chat.request import (
+    ChatRequestError,
+    ChatSettings,
+    chat_inputs,
+    chat_prompt,
+    chat_settings,
+    messages_from_json,
+    tools_from_json,
+)
 from edgeinfer.chat.template import CHATML_TEMPLATE, compile_template, render_chat
 
-__all__ = ["CHATML_TEMPLATE", "ChatMsg", "MsgDiff", "ToolCall", "compile_template",
-           "msg_diffs", "render_chat"]
+__all__ = [
+    "CHATML_TEMPLATE", "ChatInputs", "ChatMsg", "ChatParseError", "ChatParser", "ChatPrompt",
+    "ChatRequestError", "ChatSettings", "ChatSyntax", "ChatTemplates", "ChatTool",
+    "ContentPart", "MsgDiff", "ToolCall", "chat_inputs", "chat_prompt", "chat_settings",
+    "compile_template", "init_templates", "messages_from_json", "msg_diffs", "prepare_chat",
+    "render_chat", "supports_enable_thinking", "tools_from_json", "verify_template",
+]

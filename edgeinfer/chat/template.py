@@ -9,6 +9,7 @@ template, and one leading BOS string removed when the tokenizer will add BOS its
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime
 from functools import lru_cache
@@ -16,7 +17,8 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from edgeinfer.errors import EdgeInferError
 
@@ -50,21 +52,101 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    # HF's filter: plain json.dumps, no HTML escaping, non-ASCII kept as is.
+    # HF's filter: plain json.dumps, no HTML escaping, non-ASCII kept as is. Lazy sequences
+    # (jinja2's map and select return generators) are lists, as they are in llama.cpp.
     return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+        sort_keys=sort_keys, default=_json_default,
     )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+class _LenientUndefined(jinja2.ChainableUndefined):
+    """llama.cpp's undefined: reading a field of it gives undefined again (runtime.cpp's
+    member expression), and `+` with a string treats it as "" (see _LlamaEnvironment)."""
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
+class _LlamaEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with `+` following llama.cpp's jinja runtime (common/jinja/runtime.cpp,
+    binary_expression): a string plus none or undefined is the string
+    (workaround_concat_null_with_str), and a string plus a number or a bool concatenates
+    its text, where Python would raise."""
+
+    intercepted_binops = frozenset({"+"})
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        # llama.cpp's runtime has list append and pop (value.cpp); templates such as
+        # Kimi-K2's build lists with them. Other mutations stay refused.
+        if isinstance(obj, list) and attr in ("append", "pop"):
+            return SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+        return super().is_safe_attribute(obj, attr, value)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # Fail at once: a chainable undefined would otherwise render an unsafe access as "".
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} "
+                            "object is unsafe.")
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "+" and (isinstance(left, str) or isinstance(right, str)):
+            return _concat_text(left) + _concat_text(right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _concat_text(value: Any) -> str:
+    if value is None or isinstance(value, jinja2.Undefined):
+        return ""
+    if isinstance(value, (str, int, float)):  # bool is an int: str(True) == "True" as in C++
+        return value if isinstance(value, str) else str(value)
+    raise TypeError(f"cannot concatenate a string and {type(value).__name__}")
+
+
+class _GenerationBlocks(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask markers): the
+    body renders as is, as llama.cpp's parser ignores both tags."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def hf_environment() -> ImmutableSandboxedEnvironment:
+    """A fresh environment configured as transformers' apply_chat_template configures it,
+    with llama.cpp's leniency about undefined values and string concatenation."""
+    env = _LlamaEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlocks], undefined=_LenientUndefined,
+    )
+    env.filters["tojson"] = _tojson
+    # Markup would HTML-escape what is concatenated to it; llama.cpp's `safe` does nothing.
+    env.filters["safe"] = str
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
 
 
 @lru_cache(maxsize=16)
 def compile_template(template: str) -> jinja2.Template:
     """Compile a chat template once (cached by its source)."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    return compile_in(hf_environment(), template)
+
+
+def compile_in(env: jinja2.Environment, template: str) -> jinja2.Template:
+    """Compile `template` in `env`; a syntax error becomes a one-line EdgeInferError."""
     try:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as exc:
@@ -89,23 +171,26 @@ def render_chat(
     (e.g. `enable_thinking`). A template error, including the template's own
     `raise_exception`, becomes an EdgeInferError with a one-line message.
     """
-    compiled = compile_template(template or CHATML_TEMPLATE)
-    try:
-        prompt = compiled.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            tools=tools,
-            **extra,
-        )
-    except TemplateRaised as exc:
-        raise EdgeInferError(f"chat template rejected the messages: {_one_line(exc)}") from exc
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
-        raise EdgeInferError(f"chat template failed: {_one_line(exc)}") from exc
+    context = dict(messages=messages, add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token, eos_token=eos_token, tools=tools, **extra)
+    prompt = render_template(template or CHATML_TEMPLATE, context)
     if strip_bos and bos_token and prompt.startswith(bos_token):
         prompt = prompt[len(bos_token) :]
     return prompt
+
+
+def render_template(template: str, context: dict[str, Any]) -> str:
+    """Render `template` with exactly the variables in `context` (a variable left out is
+    undefined, which templates can test with `is defined`). Errors, including the
+    template's own `raise_exception`, become one-line EdgeInferErrors."""
+    compiled = compile_template(template)
+    try:  # a copy: templates may append to lists, never to the caller's
+        return compiled.render(copy.deepcopy(context))
+    except TemplateRaised as exc:
+        raise EdgeInferError(f"chat template rejected the messages: {_one_line(exc)}") from exc
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError,
+            AttributeError) as exc:
+        raise EdgeInferError(f"chat template failed: {_one_line(exc)}") from exc
 
 
 def _one_line(exc: Exception) -> str:
