@@ -18,9 +18,11 @@ DEFAULT_CTX = 4096  # llama.cpp's default context size, capped at the model's ow
 class Model:
     """A loaded GGUF model: config, tokenizer, transformer (weights + KV cache), template."""
 
-    def __init__(self, path: Path, config, tokenizer, transformer, chat_template: str | None):
+    def __init__(self, path: Path, config, tokenizer, transformer, chat_template: str | None,
+                 chat_template_tool_use: str | None = None):
         self.path, self.config, self.tokenizer = path, config, tokenizer
         self.transformer, self.chat_template = transformer, chat_template
+        self.chat_template_tool_use = chat_template_tool_use
 
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
@@ -69,7 +71,8 @@ class Model:
         with reporting_compiles(progress or (lambda message: None), on_compile):
             transformer = Transformer(config, weights, n_ctx, n_slots, n_batch, flash_attn)
             model = cls(Path(path), config, tokenizer, transformer,
-                        meta.get("tokenizer.chat_template"))
+                        meta.get("tokenizer.chat_template"),
+                        meta.get("tokenizer.chat_template.tool_use"))
             model._warm_up()
         return model
 

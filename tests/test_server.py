@@ -295,7 +295,9 @@ def test_malformed_json_is_400(server):
 
 @pytest.mark.parametrize("body", [
     {"messages": "hi"},
-    {"messages": []},
+    {"messages": [{"role": "user"}]},  # llama-server: non-assistant messages need content
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"},
+                  {"role": "assistant", "content": "b"}]},  # two trailing assistant turns
     {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
     {"messages": [{"role": "user", "content": "x"}], "max_tokens": -5},
     {"messages": [{"role": "user", "content": "x"}], "stop": 3},

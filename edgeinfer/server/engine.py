@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.errors import EdgeInferError, ModelFault
+from edgeinfer.errors import ModelFault
 from edgeinfer.generate import StopMatcher
 from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs, top_probs
+from edgeinfer.server.chat_setup import ServerChat, load_chat
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
@@ -185,6 +186,7 @@ class Engine(threading.Thread):
         self.draining = False  # shutting down: waiting and new jobs are refused
         self.aborting = False  # the grace period is over: running jobs are ended too
         self.info: ModelInfo | None = None  # kept while the model sleeps
+        self.chat: ServerChat | None = None  # the chat templates, likewise
         # sleeping (--sleep-idle-seconds): the model is unloaded until a request needs it
         self.sleeping = False
         self.awake = threading.Event()
@@ -322,10 +324,8 @@ class Engine(threading.Thread):
                                 n_slots=self.n_slots, n_batch=opts.n_batch,
                                 progress=distinct_stages(log.info),
                                 flash_attn=opts.flash_attn, compile_helper=True)
-        try:  # import jinja2 and compile the chat template now, not during the first request
-            self.model.apply_chat_template([{"role": "user", "content": "hi"}])
-        except EdgeInferError:
-            pass  # a template that cannot render is reported to each request that uses it
+        if self.chat is None:  # the templates outlive a sleeping model
+            self.chat = load_chat(self.model, self.settings.chat)
         settle_heap()
         self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer

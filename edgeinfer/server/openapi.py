@@ -15,7 +15,7 @@ from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.server.json_body import MAX_DEPTH
-from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, RESERVED_TEMPLATE_KWARGS, UNSUPPORTED
+from edgeinfer.server.params import INT32_MAX, MAX_PROMPTS, UNSUPPORTED
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -117,9 +117,8 @@ def _null_is_default(schema: dict) -> dict:
 
 def _request_schemas(n_vocab: int, n_slots: int) -> dict:
     gen = _generation_fields(n_slots, n_vocab)
-    messages = {"type": "array", "minItems": 1, "items": _ref("Message")}
-    template_kwargs = {"type": "object",
-                       "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}
+    messages = {"type": "array", "items": _ref("Message")}
+    template_kwargs = {"type": "object", "description": "variables of the chat template"}
     top_logprobs_needs_logprobs = {
         "if": {"required": ["top_logprobs"],
                "properties": {"top_logprobs": {"not": {"type": "null"}}}},
@@ -136,7 +135,11 @@ def _request_schemas(n_vocab: int, n_slots: int) -> dict:
              "top_logprobs": _int(0, 100, description="needs logprobs: true"),
              "response_format": _obj({"type": {"const": "text"}}, ("type",)),
              "chat_template_kwargs": template_kwargs,
-             "add_generation_prompt": {"type": "boolean"}, "tools": EMPTY, **gen},
+             "add_generation_prompt": {"type": "boolean"}, "tools": EMPTY,
+             "continue_final_message": {"type": ["boolean", "string"]},
+             "echo": {"type": "boolean"}, "parallel_tool_calls": {"type": "boolean"},
+             "reasoning_format": {"enum": ["none", "deepseek", "deepseek-legacy", "auto"]},
+             **gen},
             ("messages",), **top_logprobs_needs_logprobs),
         "TokenizeRequest": _obj(
             {"content": {"anyOf": [{"type": "string"}, _prompt(n_vocab)["anyOf"][1],
@@ -144,13 +147,23 @@ def _request_schemas(n_vocab: int, n_slots: int) -> dict:
              "add_special": {"type": "boolean"}, "parse_special": {"type": "boolean"},
              "with_pieces": {"type": "boolean"}}, ("content",)),
         "DetokenizeRequest": _obj({"tokens": {"type": "array", "items": _int(0, n_vocab - 1)}}),
-        "ApplyTemplateRequest": _obj({"messages": messages}, ("messages",)),
+        "ApplyTemplateRequest": _obj(
+            {"messages": messages, "tools": {"type": "array"},
+             "chat_template_kwargs": template_kwargs,
+             "add_generation_prompt": {"type": "boolean"},
+             "continue_final_message": {"type": ["boolean", "string"]},
+             "reasoning_format": {"enum": ["none", "deepseek", "deepseek-legacy", "auto"]}},
+            ("messages",)),
         # the converters of apis/ take what llama-server takes; only the shape is checked
-        "MessagesRequest": _obj({"messages": {"type": "array"}, "max_tokens": _int(1),
+        "MessagesRequest": _obj({"messages": {"type": "array"}, "max_tokens": _int(-1),
                                  "stream": {"type": "boolean"}}, ("messages",)),
         "ResponsesRequest": _obj({"input": {"anyOf": [{"type": "string"}, {"type": "array"}]},
-                                  "max_output_tokens": _int(1),
+                                  "max_output_tokens": _int(-1),
                                   "stream": {"type": "boolean"}}, ("input",)),
+        # the token counts render the prompt and read no generation field
+        "MessagesCountRequest": _obj({"messages": {"type": "array"}}, ("messages",)),
+        "ResponsesCountRequest": _obj(
+            {"input": {"anyOf": [{"type": "string"}, {"type": "array"}]}}, ("input",)),
     }.items()}
 
 
@@ -264,14 +277,14 @@ def openapi_schema(n_vocab: int, n_slots: int, metrics: bool = False,
                                  _ref("OaiCompletionReply"), True),
         "/v1/chat/completions": chat,
         "/v1/chat/completions/input_tokens": _post(
-            "the chat prompt's length in tokens", "ChatRequest", _ref("InputTokens")),
+            "the chat prompt's length in tokens", "ApplyTemplateRequest", _ref("InputTokens")),
         "/v1/messages": _post("Anthropic Messages", "MessagesRequest",
                               _ref("AnthropicMessage"), True, errors=(400, 413, 500, 503)),
-        "/v1/messages/count_tokens": _post("Anthropic token count", "MessagesRequest",
+        "/v1/messages/count_tokens": _post("Anthropic token count", "MessagesCountRequest",
                                            _ref("InputTokens"), errors=(400, 413, 500, 503)),
         "/v1/responses": _post("OpenAI Responses", "ResponsesRequest", _ref("Response"), True),
         "/v1/responses/input_tokens": _post("OpenAI Responses token count",
-                                            "ResponsesRequest", _ref("InputTokens")),
+                                            "ResponsesCountRequest", _ref("InputTokens")),
         "/tokenize": _post("text to token ids", "TokenizeRequest", _ref("TokenizeReply")),
         "/detokenize": _post("token ids to text", "DetokenizeRequest", _ref("DetokenizeReply")),
         "/apply-template": _post("the chat template alone", "ApplyTemplateRequest",

@@ -20,14 +20,14 @@ REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
 
 @dataclass(frozen=True)
-class ChatSettings:
+class ChatOptions:
     """How chat messages become a prompt and how the reply is read back (llama-server's
     --jinja, --chat-template(-file), --reasoning, --reasoning-format)."""
 
-    template: str | None = None  # a built-in template's name or Jinja source; None: the GGUF's
+    template: str = ""  # a built-in template's name or Jinja source; "": the GGUF's
     jinja: bool = True
     reasoning: str = "auto"  # on | off | auto: thinking enabled in the template
-    reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto
+    reasoning_format: str = "deepseek"  # none | deepseek | deepseek-legacy | auto
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class ServerSettings:
     verbose: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)  # request defaults
     n_predict: int = N_PREDICT  # the default of a request's n_predict
-    chat: ChatSettings = field(default_factory=ChatSettings)
+    chat: ChatOptions = field(default_factory=ChatOptions)
 
     def __post_init__(self):
         if self.max_body_bytes < 1 or not math.isfinite(self.sse_ping_interval):
@@ -150,7 +150,7 @@ def _add_chat(p: argparse.ArgumentParser) -> None:
                    help="llama.cpp's built-in formatters instead of Jinja")
     g.add_argument("-rea", "--reasoning", choices=REASONING, default="auto",
                    help="thinking in templates that have it (auto: the template's default)")
-    g.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+    g.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="deepseek",
                    help="where thinking goes: reasoning_content (deepseek, auto) or the "
                         "content (none)")
 
@@ -176,9 +176,9 @@ def _split(value: str | None) -> tuple[str, ...]:
     return tuple(item.strip() for item in (value or "").split(",") if item.strip())
 
 
-def _template(args: argparse.Namespace) -> str | None:
+def _template(args: argparse.Namespace) -> str:
     if args.chat_template_file is None:
-        return args.chat_template
+        return args.chat_template or ""
     try:
         return args.chat_template_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -206,4 +206,4 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
         shutdown_timeout=args.shutdown_timeout, sleep_idle_seconds=args.sleep_idle_seconds,
         verbose=args.verbose, sampling=sampling, n_predict=args.n_predict,
-        chat=ChatSettings(_template(args), args.jinja, args.reasoning, args.reasoning_format))
+        chat=ChatOptions(_template(args), args.jinja, args.reasoning, args.reasoning_format))

@@ -19,12 +19,6 @@ from edgeinfer.server.errors import bad_request
 INT32_MAX = 2**31 - 1
 MAX_PROMPTS = 256  # prompts in one request (llama-server: no limit)
 SSE_PING_FLOOR = 1.0  # seconds; llama-server reads sse_ping_interval as whole seconds
-# render_chat's own arguments (and the two Python binds them to): a template kwarg of the
-# same name would collide with them (llama-server lets such kwargs override the template's
-# variables; they are refused here instead).
-RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "bos_token",
-                                      "eos_token", "tools", "strip_bos", "template", "self"})
-
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed"
 PromptPiece = str | int
 
@@ -67,11 +61,8 @@ class CompletionRequest:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    messages: list[dict]
     params: GenParams
     logprobs: bool = False
-    add_generation_prompt: bool = True
-    template_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -375,54 +366,34 @@ def parse_token_ids(body: dict, n_vocab: int) -> list[int]:
 
 
 # -- chat -----------------------------------------------------------------------------------
-def _message_text(message: dict, index: int) -> str | None:
-    content = message.get("content")
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                raise bad_request(f"messages[{index}]: unsupported content part {part!r:.60}")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise bad_request(f"messages[{index}].content must be a string or an array of parts")
-
-
-def parse_messages(value: Any) -> list[dict]:
-    """Validate chat messages; array-of-parts content is flattened to its text."""
-    if not isinstance(value, list) or not value:
-        raise bad_request("'messages' is required and must be a non-empty array")
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string 'role'")
-        text = _message_text(message, i)
-        if text is None and not (message["role"] == "assistant" and message.get("tool_calls")):
-            raise bad_request(f"messages[{i}] has no 'content'")
-        messages.append({**message, "content": text or ""})
-    return messages
+def check_chat_fields(body: dict) -> None:
+    """The types of the fields the chat layer reads (llama-server falls back to the default
+    on a wrong type; here it is a 400, as for every other field)."""
+    _boolean(body, "add_generation_prompt", True)
+    _boolean(body, "parallel_tool_calls", True)
+    _boolean(body, "echo", False)
+    for key, kinds, what in (("continue_final_message", (bool, str), "a boolean or a string"),
+                             ("chat_template_kwargs", (dict,), "an object"),
+                             ("reasoning_format", (str,), "a string"),
+                             ("tool_choice", (str, dict), "a string or an object")):
+        value = body.get(key)
+        if value is not None and not isinstance(value, kinds):
+            raise bad_request(f"'{key}' must be {what}, got {value!r:.40}")
 
 
 def parse_chat(body: dict, vocab: Vocab | None = None,
                defaults: GenParams = DEFAULTS) -> ChatRequest:
+    """The generation fields of a chat request; its messages, tools and template fields are
+    the chat layer's (edgeinfer.chat.chat_prompt)."""
+    check_chat_fields(body)
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("response_format: only {\"type\": \"text\"} is supported")
-    if body.get("tools"):
-        raise bad_request("'tools' are not supported by this server")
     _check_model(body)
     logprobs = _boolean(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("top_logprobs requires logprobs to be set to true")
     n_probs = _integer(body, "top_logprobs", 0, 0, 100) if logprobs else 0
-    kwargs = _default(body.get("chat_template_kwargs"), {})
-    if not isinstance(kwargs, dict):
-        raise bad_request("'chat_template_kwargs' must be an object")
-    for key in RESERVED_TEMPLATE_KWARGS.intersection(kwargs):
-        raise bad_request(f"'chat_template_kwargs' may not set '{key}': the server does")
     params = replace(gen_params(body, n_probs, vocab, defaults), logprobs=logprobs)
-    return ChatRequest(parse_messages(body.get("messages")), params, logprobs,
-                       _boolean(body, "add_generation_prompt", True), kwargs)
+    return ChatRequest(params, logprobs)

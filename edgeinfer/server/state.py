@@ -48,12 +48,6 @@ class Server:
         return self.engine.info
 
     @property
-    def chat_template_source(self) -> str:
-        """The template chat requests are rendered with: --chat-template(-file), else the
-        GGUF's."""
-        return self.settings.chat.template or self.info.chat_template
-
-    @property
     def model_id(self) -> str:
         """The first alias in sorted order (llama-server keeps them in a std::set), else the
         file name: the model's path is never shown."""

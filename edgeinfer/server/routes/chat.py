@@ -10,20 +10,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edgeinfer.chat.message import ChatMsg, MsgDiff, msg_diffs
+from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff, chat_prompt
 from edgeinfer.server import responses as fmt
 from edgeinfer.server.apis import ChatMeta, ChatOutcome
 from edgeinfer.server.apis import anthropic as anthropic_api
 from edgeinfer.server.apis import oai_responses as responses_api
 from edgeinfer.server.apis.oai_chat import OaiChatReply
 from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent
-from edgeinfer.server.params import ChatRequest, parse_chat
+from edgeinfer.server.errors import ApiError, bad_request
+from edgeinfer.server.params import ChatRequest, check_chat_fields, parse_chat
 from edgeinfer.server.routes.completions import verbose_field
 from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames
 from edgeinfer.server.state import Server
@@ -32,64 +33,59 @@ from edgeinfer.server.state import Server
 # -- the prompt ------------------------------------------------------------------------------
 @dataclass
 class ChatPrompt:
-    req: ChatRequest
+    req: ChatRequest | None  # the generation fields (None: the prompt alone was asked for)
     text: str
     ids: list[int]
-    new_parser: Callable[[], Any]  # a parser of one choice's generated text
+    new_parser: Callable[[], ChatParser]  # a parser of one choice's generated text
 
 
-class ContentParser:
-    """A template without thinking or tool-call markers: the text is the content."""
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def feed(self, text: str) -> ChatMsg:
-        self.text += text
-        return ChatMsg(content=self.text)
-
-    def finish(self) -> ChatMsg:
-        return ChatMsg(content=self.text)
+def _template_prompt(server: Server, body: dict):
+    check_chat_fields(body)
+    chat = server.engine.chat
+    return chat_prompt(chat.templates, body, chat.settings)
 
 
-def render_chat(server: Server, messages: list[dict], add_generation_prompt: bool = True,
-                **kwargs: Any) -> str:
-    """The chat template; a final assistant message is continued, not closed (prefill)."""
-    model = server.model
-    if messages[-1]["role"] == "assistant" and add_generation_prompt:
-        head = model.apply_chat_template(messages[:-1], True, **kwargs) \
-            if len(messages) > 1 else ""
-        return head + messages[-1]["content"]
-    return model.apply_chat_template(messages, add_generation_prompt, **kwargs)
-
-
-async def prepare(server: Server, body: dict) -> ChatPrompt:
-    """An OpenAI chat body -> the validated request, its prompt and how to parse replies."""
-    req = parse_chat(body, vocab=server.vocab, defaults=server.defaults)
-    text = render_chat(server, req.messages, req.add_generation_prompt, **req.template_kwargs)
-    ids = await asyncio.to_thread(server.model.tokenize, text, True, True)
-    return ChatPrompt(req, text, ids, ContentParser)
+async def prepare(server: Server, body: dict, generate: bool = True) -> ChatPrompt:
+    """An OpenAI chat body -> its generation fields, the prompt (rendered by the chat layer,
+    llama.cpp's way) and its tokens, and how to parse what is generated. Tools are rendered
+    into the prompt, but calling them (parsing the calls) is not here yet: a generation
+    with tools is refused rather than answered with unparsed calls."""
+    req = None
+    if generate:
+        req = parse_chat(body, vocab=server.vocab, defaults=server.defaults)
+        if body.get("tools") and body.get("tool_choice") != "none":
+            raise bad_request("'tools' are not supported by this server yet: tool calls "
+                              "are not parsed (the prompt with tools: /apply-template)")
+    result = await asyncio.to_thread(_template_prompt, server, body)
+    if req is not None and result.additional_stops:
+        stop = req.params.stop + tuple(result.additional_stops)
+        req = replace(req, params=replace(req.params, stop=stop))
+    ids = await asyncio.to_thread(server.model.tokenize, result.prompt, True, True)
+    echo = body.get("echo") is True
+    return ChatPrompt(req, result.prompt, ids, lambda: ChatParser(result.syntax, echo=echo))
 
 
 class Choice:
     """One choice's message as its text arrives, and the diffs each piece makes."""
 
-    def __init__(self, parser: Any) -> None:
-        self.parser, self.msg = parser, ChatMsg()
+    def __init__(self, parser: ChatParser) -> None:
+        self.parser = parser
 
     def feed(self, text: str) -> list[MsgDiff]:
-        return self._to(self.parser.feed(text)) if text else []
+        return self._parse(self.parser.feed, text) if text else []
 
     def finish(self, final: FinalEvent) -> tuple[list[MsgDiff], ChatOutcome]:
-        diffs = self.feed(final.text)
-        diffs += self._to(self.parser.finish())
+        diffs = self._parse(self.parser.finish, final.text)
         reason = "length" if final.stop_type == "limit" else "stop"
-        return diffs, ChatOutcome(self.msg, reason, final.n_prompt, final.n_cached,
+        return diffs, ChatOutcome(self.parser.message, reason, final.n_prompt, final.n_cached,
                                   final.n_decoded, final.timings, final.stopping_word)
 
-    def _to(self, msg: ChatMsg) -> list[MsgDiff]:
-        diffs, self.msg = msg_diffs(self.msg, msg), msg
-        return diffs
+    @staticmethod
+    def _parse(step: Callable[[str], list[MsgDiff]], text: str) -> list[MsgDiff]:
+        try:
+            return step(text)
+        except ChatParseError as exc:  # the output left the template's format
+            raise ApiError(500, f"could not parse the generated text: {exc}") from None
 
 
 def _meta(server: Server, id_: str | None = None) -> ChatMeta:
@@ -102,10 +98,8 @@ async def _outcomes(request: Request, run: Run,
     results = await collect(request, run)
     outcomes = []
     for result in results:
-        choice = Choice(prompt.new_parser())
-        text, tail = result.content, result.final.text
-        choice.feed(text[:len(text) - len(tail)])
-        outcomes.append(choice.finish(result.final)[1])
+        whole = replace(result.final, text=result.content)  # parsed once, as a whole
+        outcomes.append(Choice(prompt.new_parser()).finish(whole)[1])
     return outcomes, results
 
 
@@ -145,14 +139,15 @@ async def chat(server: Server, request: Request) -> Response:
 async def chat_input_tokens(server: Server, request: Request) -> Response:
     """POST /v1/chat/completions/input_tokens: the prompt's length in tokens, without
     running it (llama-server's handle_count_tokens)."""
-    prompt = await prepare(server, await server.read_json(request))
+    prompt = await prepare(server, await server.read_json(request), generate=False)
     return JSONResponse({"input_tokens": len(prompt.ids), "object": "response.input_tokens"})
 
 
 async def apply_template(server: Server, request: Request) -> Response:
     """POST /apply-template: the prompt a chat request would run, as text."""
-    prompt = await prepare(server, await server.read_json(request))
-    return JSONResponse({"prompt": prompt.text})
+    body = await server.read_json(request)
+    result = await asyncio.to_thread(_template_prompt, server, body)
+    return JSONResponse({"prompt": result.prompt})
 
 
 # -- Anthropic Messages --------------------------------------------------------------------------
@@ -187,7 +182,7 @@ async def messages(server: Server, request: Request) -> Response:
 async def count_tokens(server: Server, request: Request) -> Response:
     """POST /v1/messages/count_tokens."""
     body = anthropic_api.to_chat_body(await server.read_json(request))
-    prompt = await prepare(server, body)
+    prompt = await prepare(server, body, generate=False)
     return JSONResponse(anthropic_api.count_tokens_reply(len(prompt.ids)))
 
 
@@ -219,5 +214,5 @@ async def responses(server: Server, request: Request) -> Response:
 async def responses_input_tokens(server: Server, request: Request) -> Response:
     """POST /v1/responses/input_tokens."""
     body = responses_api.to_chat_body(await server.read_json(request))
-    prompt = await prepare(server, body)
+    prompt = await prepare(server, body, generate=False)
     return JSONResponse({"input_tokens": len(prompt.ids), "object": "response.input_tokens"})

@@ -44,16 +44,20 @@ async def models(server: Server, request: Request) -> Response:
 
 
 async def props(server: Server, request: Request) -> Response:
-    info, settings = server.info, server.settings
+    info, settings, chat = server.info, server.settings, server.engine.chat
     params = fmt.settings_json(server.defaults, info.n_ctx, only_metrics=True)
-    return JSONResponse({
+    extra = {}
+    if settings.chat.jinja and chat.templates.tool_use is not None:
+        extra["chat_template_tool_use"] = chat.templates.source("tool_use")
+    return JSONResponse({**extra, 
         "default_generation_settings": {"params": params, "n_ctx": info.n_ctx},
         "total_slots": server.engine.n_slots, "model_alias": server.model_id,
         "model_path": info.file_name,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": settings.slots_endpoint, "endpoint_props": False,
         "endpoint_metrics": settings.metrics, "ui": False,
-        "chat_template": server.chat_template_source, "bos_token": info.bos_token,
+        "chat_template": chat.templates.source(), "chat_template_caps": chat.caps(),
+        "bos_token": info.bos_token,
         "eos_token": info.eos_token, "build_info": fmt.BUILD_INFO,
         "is_sleeping": server.engine.sleeping, "cors_proxy_enabled": False})
 
