@@ -16,15 +16,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "scripts" / "llama_server_suite"
-# The files that fit CI's time budget (docs/llama-server-suite.md says how long each takes).
+# The files that fit CI's time budget and have tests llama-server passes (about 7 minutes
+# together; docs/llama-server-suite.md has each file's seconds).
 CI_FILES = (
     "unit/test_basic.py",
     "unit/test_tokenize.py",
     "unit/test_ignore_eos.py",
     "unit/test_kv_keep_only_active.py",
-    "unit/test_ctx_shift.py",
     "unit/test_metrics.py",
     "unit/test_sleep.py",
+    "unit/test_template.py",
+    "unit/test_chat_completion.py",
+    "unit/test_completion.py",
+    "unit/test_compat_anthropic.py",
+    "unit/test_compat_oai_responses.py",
+    "unit/test_compat_gcp.py",
+    "unit/test_security.py",
+    "unit/test_tool_call.py",
 )
 
 
@@ -54,7 +62,8 @@ def outcomes(real_model, tmp_path_factory) -> dict:
     env = dict(os.environ, SUITE_MODEL=str(model), SUITE_JSON=str(tmp / "suite.json"),
                SUITE_SCRATCH=str(tmp / "scratch"), SUITE_THREADS="1", PORT=str(_free_port()))
     run = subprocess.run(["bash", str(REPO / "scripts" / "llama_server_suite.sh"), str(shim),
-                          *CI_FILES], env=env, capture_output=True, text=True, timeout=1800)
+                          *CI_FILES, "-m", "not slow"],  # as the baseline was run
+                         env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads((tmp / "suite.json").read_text(encoding="utf-8"))
 
