@@ -150,33 +150,39 @@ async def apply_template(server: Server, request: Request) -> Response:
     return JSONResponse({"prompt": result.prompt})
 
 
-# -- Anthropic Messages --------------------------------------------------------------------------
-async def messages(server: Server, request: Request) -> Response:
-    """POST /v1/messages."""
-    body = await server.read_json(request)
-    prompt = await prepare(server, anthropic_api.to_chat_body(body))
+# -- one-choice APIs: Anthropic Messages, OpenAI Responses -----------------------------------
+async def _single(server: Server, request: Request, prompt: ChatPrompt, reply: Any,
+                  render: Callable[[Choice, Any], list[str]]) -> Response:
+    """Run one choice: streamed as `render(choice, event)` gives each event's frames, or
+    answered whole with `reply.reply`."""
     check_prompt(server, prompt.ids)
-    reply = anthropic_api.AnthropicReply(_meta(server), body)
     params = prompt.req.params
     run = Run(server, [prompt.ids], params)
     if params.stream:
         choice = Choice(prompt.new_parser())
-
-        def render(index: int, event: Any) -> str:
-            if isinstance(event, ProgressEvent):
-                return ""
-            if isinstance(event, TokenEvent):
-                head = reply.start(len(prompt.ids), event.n_cached) \
-                    if event.n_decoded == 1 else []
-                return "".join(head + reply.update(choice.feed(event.text)))
-            _, outcome = choice.finish(event)
-            head = reply.start(outcome.n_prompt, outcome.n_cached) \
-                if event.n_decoded == 0 else []
-            return "".join(head + reply.end(outcome))
-        return frames(run, render, lambda err: "".join(reply.error(err)), "",
-                      server.ping_interval(params))
+        return frames(run, lambda index, event: "".join(render(choice, event)),
+                      lambda err: "".join(reply.error(err)), "", server.ping_interval(params))
     outcomes, _ = await _outcomes(request, run, prompt)
     return JSONResponse(reply.reply(outcomes[0]))
+
+
+async def messages(server: Server, request: Request) -> Response:
+    """POST /v1/messages: message_start comes with the first token, once the prompt's
+    cache use is known (llama-server sends it with the first partial result)."""
+    body = await server.read_json(request)
+    prompt = await prepare(server, anthropic_api.to_chat_body(body))
+    reply = anthropic_api.AnthropicReply(_meta(server), body)
+
+    def render(choice: Choice, event: Any) -> list[str]:
+        if isinstance(event, ProgressEvent):
+            return []
+        if isinstance(event, TokenEvent):
+            head = reply.start(len(prompt.ids), event.n_cached) if event.n_decoded == 1 else []
+            return head + reply.update(choice.feed(event.text))
+        _, outcome = choice.finish(event)
+        head = reply.start(outcome.n_prompt, outcome.n_cached) if event.n_decoded == 0 else []
+        return head + reply.end(outcome)
+    return await _single(server, request, prompt, reply, render)
 
 
 async def count_tokens(server: Server, request: Request) -> Response:
@@ -186,29 +192,19 @@ async def count_tokens(server: Server, request: Request) -> Response:
     return JSONResponse(anthropic_api.count_tokens_reply(len(prompt.ids)))
 
 
-# -- OpenAI Responses ----------------------------------------------------------------------------
 async def responses(server: Server, request: Request) -> Response:
     """POST /v1/responses."""
     body = await server.read_json(request)
     prompt = await prepare(server, responses_api.to_chat_body(body))
-    check_prompt(server, prompt.ids)
     reply = responses_api.ResponsesReply(_meta(server, responses_api.response_id()), body)
-    params = prompt.req.params
-    run = Run(server, [prompt.ids], params)
-    if params.stream:
-        choice = Choice(prompt.new_parser())
 
-        def render(index: int, event: Any) -> str:
-            if isinstance(event, ProgressEvent):
-                return "".join(reply.progress(fmt.progress_json(event), event.timings))
-            if isinstance(event, TokenEvent):
-                return "".join(reply.update(choice.feed(event.text), event.timings))
-            _, outcome = choice.finish(event)
-            return "".join(reply.end(outcome))
-        return frames(run, render, lambda err: "".join(reply.error(err)), "",
-                      server.ping_interval(params))
-    outcomes, _ = await _outcomes(request, run, prompt)
-    return JSONResponse(reply.reply(outcomes[0]))
+    def render(choice: Choice, event: Any) -> list[str]:
+        if isinstance(event, ProgressEvent):
+            return reply.progress(fmt.progress_json(event), event.timings)
+        if isinstance(event, TokenEvent):
+            return reply.update(choice.feed(event.text), event.timings)
+        return reply.end(choice.finish(event)[1])
+    return await _single(server, request, prompt, reply, render)
 
 
 async def responses_input_tokens(server: Server, request: Request) -> Response:
