@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -177,3 +178,51 @@ def test_vertex_predict(tiny, monkeypatch):
         assert r.status_code == 400
     finally:
         srv.stop()
+
+
+# -- reasoning through every API -------------------------------------------------------------
+TEMPLATES = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgeinfer" \
+    / "templates"
+R1 = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny):
+    """DeepSeek-R1's template: its generation prompt opens <think>, so whatever a random
+    model generates without a </think> is reasoning, and the content stays empty."""
+    if not R1.exists():
+        pytest.skip(f"{R1} is absent (scripts/fetch_vocab_tests.py fetches it)")
+    srv = ServerProcess(tiny, "-np", "1", "-c", "512", "--chat-template-file", str(R1))
+    yield srv
+    srv.stop()
+
+
+def test_reasoning_comes_back_apart_on_every_api(thinking_server):
+    srv = thinking_server
+    messages = [{"role": "user", "content": "tell me a story"}]  # no early EOS on this one
+    prompt = post(srv, "/apply-template", {"messages": messages}).json()["prompt"]
+    assert prompt.endswith("<think>\n")
+    completion = post(srv, "/completion", {"prompt": prompt, "n_predict": 6, **GREEDY}).json()
+    generated = completion["content"]
+    assert completion["stop_type"] == "limit" and "</think>" not in generated
+    # the parser re-reads the generation prompt's "<think>\n": its newline is reasoning
+    reasoning = "\n" + generated
+    body = {"messages": messages, "max_tokens": 6, **GREEDY}
+    message = post(srv, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert (message["content"], message["reasoning_content"]) == ("", reasoning)
+    stream = openai_client(srv).chat.completions.create(
+        model="m", messages=messages, max_tokens=6, stream=True, extra_body=GREEDY)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
+    assert not "".join(d.content or "" for d in deltas)
+    msg = anthropic_client(srv).messages.create(model="m", max_tokens=6, messages=messages,
+                                                extra_body=GREEDY)
+    assert [b.type for b in msg.content] == ["thinking"]
+    assert msg.content[0].thinking == reasoning
+    response = openai_client(srv).responses.create(model="m", input="tell me a story",
+                                                   max_output_tokens=6, extra_body=GREEDY)
+    assert [item.type for item in response.output] == ["reasoning"]
+    # reasoning_format none: all in the content, the opening tag the prompt gave included
+    r = post(srv, "/v1/chat/completions", {**body, "reasoning_format": "none"})
+    assert r.json()["choices"][0]["message"] == {"role": "assistant",
+                                                 "content": "<think>" + reasoning}
