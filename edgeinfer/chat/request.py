@@ -174,8 +174,7 @@ def tools_from_json(tools: Any) -> list[ChatTool]:
                                 function.get("parameters", {})))
         return out
     except ValueError as exc:
-        raise ChatRequestError(f"Failed to parse tools: {exc}; tools = "
-                               f"{json.dumps(tools, indent=2)}") from exc
+        raise ChatRequestError(f"Failed to parse tools: {exc}") from exc
 
 
 def continuation_from_json(value: Any) -> str:
@@ -273,7 +272,7 @@ def chat_inputs(body: dict, settings: ChatSettings,
                         reasoning_format=settings.reasoning_format,
                         force_pure_content=settings.force_pure_content)
     heuristic = _continuation(body, inputs, settings)
-    if "reasoning_format" in body:
+    if body.get("reasoning_format") is not None:  # null: the server's, as for any field
         inputs.reasoning_format = reasoning_format_from_name(body["reasoning_format"])
     if inputs.tools and inputs.tool_choice != "none" and "grammar" in body:
         raise ChatRequestError("Cannot use custom grammar constraints with tools.")
