@@ -11,11 +11,14 @@ pip; nothing is built. Three sets land under `$XDG_CACHE_HOME/edgeinfer` (defaul
   for tests/test_chat_*.py;
 * `llama-refs/`: the llama.cpp sources whose expected values the chat tests read
   (tests/test-chat-template.cpp, tests/test-chat.cpp, tests/test-chat-auto-parser.cpp,
-  src/llama-chat.cpp).
+  src/llama-chat.cpp);
+* `grammars/`: `grammars/*.gbnf`, llama.cpp's example GBNF grammars, for
+  tests/test_structured.py.
 
 Each set has its own marker file; running again once all are there does nothing.
 
     python scripts/fetch_vocab_tests.py [--dest DIR] [--templates-dest DIR] [--refs-dest DIR]
+                                        [--grammars-dest DIR]
 """
 
 from __future__ import annotations
@@ -48,11 +51,16 @@ def _reference(path: str) -> bool:
     return path in REF_FILES
 
 
+def _grammar(path: str) -> bool:
+    return path.startswith("grammars/") and path.endswith(".gbnf")
+
+
 # (option, default directory under the cache, which llama.cpp paths go there)
 TARGETS: tuple[tuple[str, str, Callable[[str], bool]], ...] = (
     ("dest", "vocab-tests", _vocab),
     ("templates_dest", "templates", _template),
     ("refs_dest", "llama-refs", _reference),
+    ("grammars_dest", "grammars", _grammar),
 )
 
 

@@ -10,6 +10,7 @@ instance is tokenized with our tokenizer and fed token by token through the mask
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,7 +39,17 @@ from edgeinfer.structured import (  # noqa: E402
 )
 from edgeinfer.structured.bridge import INSTALL_HINT, eog_order  # noqa: E402
 
-GBNF_DIR = Path(__file__).parent / "data" / "gbnf"
+# llama.cpp's grammars/*.gbnf, fetched by scripts/fetch_vocab_tests.py
+GBNF_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgeinfer" \
+    / "grammars"
+
+
+def gbnf(name: str) -> str:
+    path = GBNF_DIR / f"{name}.gbnf"
+    if not path.exists():
+        pytest.skip(f"{path} is absent (scripts/fetch_vocab_tests.py fetches llama.cpp's "
+                    "grammars)")
+    return path.read_text(encoding="utf-8")
 REAL = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
 
 
@@ -305,7 +316,7 @@ def test_json_object_and_regex_kinds(tokenizer):
 
 # -- GBNF and Lark -----------------------------------------------------------------------------
 
-GBNF_SAMPLES = {  # llama.cpp's grammars/ (tests/data/gbnf), with a text each one derives
+GBNF_SAMPLES = {  # llama.cpp's grammars/, with a text each one derives
     "c": "int main(){int x = 3;while(x>0){x = x-1;}return x;}",
     "chess": "1. e4 e5\n2. Nf3 Nc6\n",
     "english": "Hello there, my friend.",
@@ -319,7 +330,7 @@ GBNF_SAMPLES = {  # llama.cpp's grammars/ (tests/data/gbnf), with a text each on
 
 @pytest.mark.parametrize("name", sorted(GBNF_SAMPLES))
 def test_llama_cpp_gbnf_grammars(tokenizer, name):
-    grammar = Constraint("gbnf", (GBNF_DIR / f"{name}.gbnf").read_text(encoding="utf-8"))
+    grammar = Constraint("gbnf", gbnf(name))
     compiled = compile_constraint(tokenizer, grammar)
     if GBNF_SAMPLES[name] is not None:
         assert accepts_with(tokenizer, compiled, GBNF_SAMPLES[name])
@@ -332,7 +343,7 @@ def test_gbnf_terminals_are_matched_greedily(tiny_tokenizer):
     `num ::= [0-9]+ ws` with `ws ::= [ \\t\\n]*` then swallows the "\\n" that must follow,
     so "1 = 2\\n", which llama.cpp accepts, is refused. If this starts to pass, llguidance
     changed: update the docs in edgeinfer/structured/compile.py."""
-    grammar = Constraint("gbnf", (GBNF_DIR / "arithmetic.gbnf").read_text(encoding="utf-8"))
+    grammar = Constraint("gbnf", gbnf("arithmetic"))
     assert not accepts(tiny_tokenizer, grammar, "1 = 2\n")
     assert accepts(tiny_tokenizer, Constraint("gbnf", 'root ::= num "\\n"\nnum ::= [0-9]+'),
                    "12\n")
