@@ -204,26 +204,29 @@ class Sampler:
         """Re-seed the RNG, so the sampler replays the same random stream."""
         self.rng = np.random.default_rng(self.seed)
 
-    def sample(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
-        """Pick the next token id from `logits` (n_vocab,), given the tokens so far.
+    def sample(self, logits: np.ndarray, recent: Sequence[int] = (),
+               mask: np.ndarray | None = None) -> int:
+        """Pick the next token id from `logits` (n_vocab,), given the tokens so far; `mask`
+        (a constraint's token bitmask, edgeinfer.structured) allows only its tokens.
         Raises ModelFault on NaN or infinite logits."""
         check_finite(logits)
         params = self.params
-        logits = self.adjusted(logits, recent)
+        logits = self.adjusted(logits, recent, mask)
         if params.temperature <= 0:
             return int(np.argmax(logits))
         ids, candidates = self._candidates(logits)
         probs = softmax(candidates / params.temperature)
         return int(ids[draw(probs, self.rng)])
 
-    def sample_with_probs(self, logits: np.ndarray, recent: Sequence[int] = ()
+    def sample_with_probs(self, logits: np.ndarray, recent: Sequence[int] = (),
+                          mask: np.ndarray | None = None
                           ) -> tuple[int, np.ndarray, np.ndarray]:
         """`sample`, plus the distribution the token was drawn from: the ids and
         probabilities left after the chain, in no set order (greedy: the argmax alone, with
         probability 1). Same token, same RNG use as `sample`. llama-server's
         post_sampling_probs reports this distribution."""
         check_finite(logits)
-        logits = self.adjusted(logits, recent)
+        logits = self.adjusted(logits, recent, mask)
         if self.params.temperature <= 0:
             token = int(np.argmax(logits))
             return token, np.array([token]), np.ones(1)
@@ -231,15 +234,21 @@ class Sampler:
         probs = softmax(candidates / self.params.temperature)
         return int(ids[draw(probs, self.rng)]), ids, probs
 
-    def adjusted(self, logits: np.ndarray, recent: Sequence[int] = ()) -> np.ndarray:
-        """`logits` with the logit biases and penalties applied: the scratch buffer, or
-        `logits` itself when neither is active."""
+    def adjusted(self, logits: np.ndarray, recent: Sequence[int] = (),
+                 mask: np.ndarray | None = None) -> np.ndarray:
+        """`logits` with the constraint's mask (first: nothing after it can revive a
+        token it bans), the logit biases and the penalties applied: the scratch buffer, or
+        `logits` itself when none is active."""
         penalize = self.params.penalties_active and len(recent) > 0
-        if not penalize and self._bias_ids.shape[0] == 0:
+        if not penalize and self._bias_ids.shape[0] == 0 and mask is None:
             return logits
         if self._scratch is None or self._scratch.shape != logits.shape:
             self._scratch = np.empty(logits.shape, dtype=np.float32)
         np.copyto(self._scratch, logits)
+        if mask is not None:
+            from edgeinfer.structured.sequence import apply_bitmask
+
+            apply_bitmask(self._scratch, mask)
         if self._bias_ids.shape[0]:
             if self._bias_ids[-1] >= logits.shape[0]:  # sorted: the last is the largest
                 raise EdgeInferError(f"logit_bias names token {self._bias_ids[-1]}, outside "

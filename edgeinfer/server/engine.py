@@ -112,9 +112,11 @@ class Job:
 
     _ids = itertools.count()
 
-    def __init__(self, prompt: list[int], params: GenParams, sink: Sink):
+    def __init__(self, prompt: list[int], params: GenParams, sink: Sink,
+                 constraint: Any = None):
         self.id = next(Job._ids)
         self.prompt, self.params, self.sink = prompt, params, sink
+        self.constraint = constraint  # a CompiledConstraint (edgeinfer.structured), or None
         self.cancelled = False  # set by the HTTP side; honoured at the next step
 
 
@@ -133,6 +135,7 @@ class Slot:
     n_decoded: int = 0
     recent: list[int] = field(default_factory=list)
     sampler: Any = None
+    constraint: Any = None  # the job's SequenceConstraint (edgeinfer.structured), or None
     decoder: Any = None
     matcher: StopMatcher | None = None
     has_new_line: bool = False
@@ -336,6 +339,7 @@ class Engine(threading.Thread):
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(self.n_slots, np.int32)
+        self.masks = None  # the constraints' masks (structured.MaskBatch), on first use
         log.info("model loaded in %.2f s: %d slots x %d tokens of context, flash attention %s",
                  time.perf_counter() - t0, self.n_slots, tf.n_ctx,
                  "on" if tf.flash_attn else "off")
@@ -370,6 +374,7 @@ class Engine(threading.Thread):
                    self.batch_rows[:m], self.logits[:m])
         for slot in prefilled:
             self._progress(slot)
+        self._fill_masks(owners)
         self.stats.n_decode += 1
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
@@ -471,6 +476,7 @@ class Engine(threading.Thread):
         slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
         slot.recent = list(prompt[-RECENT_MAX:])
         slot.sampler = make_sampler(params.sampling, params.logit_bias)
+        slot.constraint = job.constraint.start() if job.constraint is not None else None
         slot.decoder = self.model.tokenizer.stream_decoder()
         slot.matcher = StopMatcher(params.stop)
         slot.t_start = slot.t_last = time.perf_counter()
@@ -533,6 +539,19 @@ class Engine(threading.Thread):
         return n + 1
 
     # -- after the forward ---------------------------------------------------------------------
+    def _fill_masks(self, owners: list[Slot]) -> None:
+        """The next-token masks of the constrained sequences among `owners`, all at once
+        (llguidance's thread pool), into their slot's row of one preallocated array."""
+        constrained = [slot for slot in owners if slot.constraint is not None]
+        if not constrained:
+            return
+        if self.masks is None:
+            from edgeinfer.structured import MaskBatch
+
+            self.masks = MaskBatch(self.n_slots, self.model.config.n_vocab)
+        self.masks.fill([slot.id for slot in constrained],
+                        [slot.constraint for slot in constrained])
+
     def _on_logits(self, slot: Slot, row: np.ndarray, now: float) -> None:
         job = slot.job
         if slot.next_token < 0:  # the prompt has just been processed
@@ -544,12 +563,13 @@ class Engine(threading.Thread):
             if job.params.n_predict == 0:
                 return self._finish(slot, "limit")
         params = job.params  # ignore_eos is in the sampler: -inf logit biases (params.py)
+        mask = self.masks.masks[slot.id] if slot.constraint is not None else None
         if params.logprobs and params.post_sampling_probs:
-            token, ids, dist = slot.sampler.sample_with_probs(row, slot.recent)
+            token, ids, dist = slot.sampler.sample_with_probs(row, slot.recent, mask)
             prob = float(dist[ids == token].sum())
             probs = TokenProbs(token, prob, top_probs(ids, dist, params.n_probs), True)
         else:
-            token = slot.sampler.sample(row, slot.recent)
+            token = slot.sampler.sample(row, slot.recent, mask)
             probs = slot_probs(row, token, params.n_probs) if params.logprobs else None
         self._accept(slot, token, probs, now)
 
@@ -560,6 +580,11 @@ class Engine(threading.Thread):
         slot.recent.append(token)
         if len(slot.recent) > 2 * RECENT_MAX:
             del slot.recent[:-RECENT_MAX]
+        constraint = slot.constraint
+        if constraint is not None and not constraint.accept(token):  # cannot happen: masked
+            log.error("slot %d: task %d: the constraint refused token %d: %s", slot.id,
+                      job.id, token, constraint.error)
+            return self._finish(slot, "eos")
         if self.model.tokenizer.is_eog(token) and not params.ignore_eos:
             return self._finish(slot, "eos")
         pending = slot.matcher.pending
@@ -572,6 +597,8 @@ class Engine(threading.Thread):
         if hit:
             word = _first_stop(pending + piece, params.stop)
             return self._finish(slot, "word", word)
+        if constraint is not None and constraint.is_stopped():  # only EOS could follow
+            return self._finish(slot, "eos")
         if slot.n_decoded == params.n_predict:
             return self._finish(slot, "limit")
         if len(slot.cache) >= self.n_ctx:  # no cell left for this token
@@ -617,7 +644,7 @@ class Engine(threading.Thread):
             self.stats.predicted_tokens += slot.n_decoded
             self.stats.predicted_steps += slot.n_decoded - 1
             self.stats.predicted_seconds += max(1e-6, slot.t_last - slot.t_prompt)
-        slot.job, slot.next_token = None, -1
+        slot.job, slot.next_token, slot.constraint = None, -1, None
         slot.last_used = time.perf_counter()
         self.tree.set(slot.id, slot.cache)
 

@@ -15,6 +15,7 @@ from typing import Any
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling import N_PREDICT, LogitBias, SamplingParams
 from edgeinfer.server.errors import bad_request
+from edgeinfer.structured.compile import Constraint
 
 INT32_MAX = 2**31 - 1
 MAX_PROMPTS = 256  # prompts in one request (llama-server: no limit)
@@ -46,6 +47,8 @@ class GenParams:
     return_progress: bool = False  # stream prompt_progress events while the prompt is read
     response_fields: tuple[str, ...] = ()  # /completion: only these fields ("a/b": nested)
     verbose: bool = False  # add __verbose (the native reply) to OpenAI replies
+    constraint: Constraint | None = None  # grammar / json_schema / response_format
+    strict: bool = False  # the schema must be enforced whole (response_format's strict)
 
 
 DEFAULTS = GenParams()
@@ -139,8 +142,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise bad_request("'stop' must be a string or an array of strings")
 
 
-UNSUPPORTED = ("grammar", "json_schema", "mirostat", "dry_multiplier", "xtc_probability",
-               "lora")
+UNSUPPORTED = ("mirostat", "dry_multiplier", "xtc_probability", "lora")
 _TOKEN_ID = re.compile(r"\s*[+-]?\d+")
 
 
@@ -235,6 +237,63 @@ def _response_fields(body: dict) -> tuple[str, ...]:
     return tuple(value)
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _schema(value: Any, where: str) -> Constraint:
+    """A JSON schema (an object, or its JSON text); {} means any JSON object, as in
+    llama-server."""
+    if isinstance(value, dict) and not value:
+        return Constraint("json_object")
+    if not isinstance(value, (dict, str)):
+        raise bad_request(f"'{where}' must be a JSON schema object")
+    try:
+        return Constraint.json_schema(value)
+    except EdgeInferError as exc:
+        raise bad_request(f"'{where}': {exc}") from None
+
+
+def _response_format(value: Any) -> tuple[Constraint | None, bool]:
+    """OpenAI's response_format: text, json_object (optionally with a schema), json_schema
+    ({name, schema, strict}); (the constraint, whether it is strict)."""
+    if not isinstance(value, dict) or value.get("type") not in RESPONSE_FORMATS:
+        raise bad_request('response_format type must be one of "text", "json_object" or '
+                          f'"json_schema", got {value!r:.60}')
+    kind = value["type"]
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        schema = value.get("schema")
+        return (_schema(schema, "response_format.schema") if schema is not None
+                else Constraint("json_object")), False
+    wrapper = _default(value.get("json_schema"), {})
+    if not isinstance(wrapper, dict):
+        raise bad_request("'response_format.json_schema' must be an object")
+    strict = _boolean(wrapper, "strict", False)
+    return _schema(_default(wrapper.get("schema"), {}), "response_format.json_schema.schema"), \
+        strict
+
+
+def _constraint(body: dict) -> tuple[Constraint | None, bool]:
+    """llama-server's `grammar` (GBNF, or Lark after %llguidance) and `json_schema`, or
+    OpenAI's `response_format`: at most one of them."""
+    given = [k for k in ("grammar", "json_schema", "response_format")
+             if body.get(k) not in (None, "")]
+    if len(given) > 1 and not (given == ["grammar", "response_format"]
+                               and body["response_format"] == {"type": "text"}):
+        raise bad_request(f"Cannot use both {given[0]} and {given[1]}")
+    if not given:
+        return None, False
+    value = body[given[0]]
+    if given[0] == "grammar":
+        if not isinstance(value, str):
+            raise bad_request("'grammar' must be a string")
+        return Constraint.from_llama_grammar(value), False
+    if given[0] == "json_schema":
+        return _schema(value, "json_schema"), False
+    return _response_format(value)
+
+
 def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None,
                defaults: GenParams = DEFAULTS) -> GenParams:
     """The generation settings shared by every completion route, over the server's
@@ -250,6 +309,7 @@ def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None,
         raise bad_request("'stream_options' must be an object")
     n_probs = _integer(body, "n_probs", n_probs, 0, 100)
     ignore_eos = _boolean(body, "ignore_eos", False)
+    constraint, strict = _constraint(body)
     return GenParams(
         sampling=_sampling(body, defaults.sampling),
         logit_bias=_logit_bias(body, vocab, ignore_eos), n_predict=n_predict, stop=_stop(body),
@@ -263,7 +323,8 @@ def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None,
         post_sampling_probs=_boolean(body, "post_sampling_probs", False),
         return_progress=_boolean(body, "return_progress", False),
         response_fields=_response_fields(body),
-        verbose=_boolean(body, "verbose", defaults.verbose))
+        verbose=_boolean(body, "verbose", defaults.verbose), constraint=constraint,
+        strict=strict)
 
 
 def _ping_interval(body: dict) -> float | None:
@@ -386,9 +447,6 @@ def parse_chat(body: dict, vocab: Vocab | None = None,
     """The generation fields of a chat request; its messages, tools and template fields are
     the chat layer's (edgeinfer.chat.chat_prompt)."""
     check_chat_fields(body)
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad_request("response_format: only {\"type\": \"text\"} is supported")
     _check_model(body)
     logprobs = _boolean(body, "logprobs", False)
     top = body.get("top_logprobs")

@@ -99,12 +99,13 @@ class Mailbox:
 class Run:
     """Jobs of one request and the asyncio queue their events arrive on."""
 
-    def __init__(self, server: Server, prompts: list[list[int]], params: GenParams):
+    def __init__(self, server: Server, prompts: list[list[int]], params: GenParams,
+                 constraint: Any = None):
         if params.id_slot >= server.engine.n_slots:
             raise bad_request(f"id_slot {params.id_slot} does not exist "
                               f"({server.engine.n_slots} slots)")
         self.engine, self.queue = server.engine, asyncio.Queue()
-        self.jobs = [Job(ids, params, self._sink(server.mailbox, i))
+        self.jobs = [Job(ids, params, self._sink(server.mailbox, i), constraint)
                      for i, ids in enumerate(prompts)]
         self.open = set(range(len(self.jobs)))
         self.n_tokens = 0  # token events delivered so far, all jobs together
@@ -143,6 +144,22 @@ class Run:
         self.open.clear()
         if self._getter is not None:
             self._getter.cancel()
+
+
+async def start_run(server: Server, prompts: list[list[int]], params: GenParams) -> Run:
+    """Compile the request's constraint (in a worker thread: a schema can take a while)
+    and submit its jobs. A constraint that does not compile is a 400 saying why; a schema
+    llguidance enforces only in part is refused with `strict`, else logged."""
+    compiled = None
+    if params.constraint is not None:
+        from edgeinfer.structured import compile_constraint
+
+        compiled = await asyncio.to_thread(compile_constraint, server.model.tokenizer,
+                                           params.constraint, not params.strict)
+        if not compiled.exact:
+            log.warning("json schema enforced in part; ignored: %s",
+                        "; ".join(compiled.warnings))
+    return Run(server, prompts, params, compiled)
 
 
 async def _watch_disconnect(request: Request, run: Run) -> None:

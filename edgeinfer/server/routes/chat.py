@@ -26,7 +26,7 @@ from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent
 from edgeinfer.server.errors import ApiError, bad_request
 from edgeinfer.server.params import ChatRequest, check_chat_fields, parse_chat
 from edgeinfer.server.routes.completions import verbose_field
-from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames
+from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames, start_run
 from edgeinfer.server.state import Server
 
 
@@ -110,7 +110,7 @@ async def chat(server: Server, request: Request) -> Response:
     check_prompt(server, prompt.ids)
     params = prompt.req.params
     reply = OaiChatReply(_meta(server), fmt.BUILD_INFO, params.include_usage)
-    run = Run(server, each_completion(server, [prompt.ids], params), params)
+    run = await start_run(server, each_completion(server, [prompt.ids], params), params)
     if params.stream:
         choices = [Choice(prompt.new_parser()) for _ in run.jobs]
 
@@ -157,7 +157,7 @@ async def _single(server: Server, request: Request, prompt: ChatPrompt, reply: A
     answered whole with `reply.reply`."""
     check_prompt(server, prompt.ids)
     params = prompt.req.params
-    run = Run(server, [prompt.ids], params)
+    run = await start_run(server, [prompt.ids], params)
     if params.stream:
         choice = Choice(prompt.new_parser())
         return frames(run, lambda index, event: "".join(render(choice, event)),

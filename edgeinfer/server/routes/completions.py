@@ -11,11 +11,11 @@ from edgeinfer.server import responses as fmt
 from edgeinfer.server.engine import FinalEvent, ProgressEvent
 from edgeinfer.server.params import GenParams, parse_completion
 from edgeinfer.server.runs import (
-    Run,
     check_prompt,
     collect,
     each_completion,
     encode_prompts,
+    start_run,
     stream,
 )
 from edgeinfer.server.state import Server
@@ -31,7 +31,7 @@ async def completion(server: Server, request: Request) -> Response:
     tok = server.model.tokenizer
     ctxs = [fmt.NativeContext(server.model_id, req.params, server.engine.n_ctx, server.piece,
                               tok.decode(ids, special=True)) for ids in prompts]
-    run = Run(server, prompts, req.params)
+    run = await start_run(server, prompts, req.params)
     if req.params.stream:
         results = [fmt.Result(len(ids)) for ids in prompts]
 
@@ -63,7 +63,7 @@ async def oai_completion(server: Server, request: Request) -> Response:
     for ids in prompts:
         check_prompt(server, ids)
     meta = fmt.Meta(server.model_id)
-    run = Run(server, prompts, req.params)
+    run = await start_run(server, prompts, req.params)
     if req.params.stream:
         def chunks(index: int, event: Any) -> list[dict]:
             return fmt.oai_completion_chunk(event, index, meta, server.piece)
