@@ -79,6 +79,8 @@ def _generation_fields(n_slots: int, n_vocab: int) -> dict:
         # refused unless empty (params._reject_unsupported): a constraint silently ignored
         # would be worse than a 400
         **{key: EMPTY for key in UNSUPPORTED},
+        "grammar": {"type": "string", "description": "GBNF, or Lark after %llguidance"},
+        "json_schema": {"type": "object", "description": "{}: any JSON object"},
     }
 
 
@@ -133,7 +135,12 @@ def _request_schemas(n_vocab: int, n_slots: int) -> dict:
         "ChatRequest": _obj(
             {"messages": messages, "model": {"type": "string"}, "logprobs": {"type": "boolean"},
              "top_logprobs": _int(0, 100, description="needs logprobs: true"),
-             "response_format": _obj({"type": {"const": "text"}}, ("type",)),
+             "response_format": {"anyOf": [
+                 _obj({"type": {"enum": ["text", "json_object"]}, "schema": {"type": "object"}},
+                      ("type",)),
+                 _obj({"type": {"const": "json_schema"}, "json_schema": _obj(
+                     {"name": {"type": "string"}, "schema": {"type": "object"},
+                      "strict": {"type": "boolean"}})}, ("type",))]},
              "chat_template_kwargs": template_kwargs,
              "add_generation_prompt": {"type": "boolean"}, "tools": EMPTY,
              "continue_final_message": {"type": ["boolean", "string"]},
