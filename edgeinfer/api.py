@@ -128,17 +128,36 @@ class Model:
                  repeat_last_n: int = SAMPLING.repeat_last_n,
                  presence_penalty: float = SAMPLING.presence_penalty,
                  frequency_penalty: float = SAMPLING.frequency_penalty,
-                 seed: int | None = SAMPLING.seed, stop: Sequence[str] = ()) -> Iterator[str]:
+                 seed: int | None = SAMPLING.seed, stop: Sequence[str] = (),
+                 grammar: str | None = None,
+                 json_schema: dict | str | None = None) -> Iterator[str]:
         """Yield generated text pieces (a prompt string is tokenized with special tokens).
         max_tokens -1 generates until EOS or the end of the context (the CLI's and the
-        server's default, N_PREDICT); the sampling defaults are `SamplingParams()`'s."""
+        server's default, N_PREDICT); the sampling defaults are `SamplingParams()`'s.
+        `grammar` (GBNF, or Lark after `%llguidance`) or `json_schema` constrains the output
+        (the `structured` extra); a grammar or schema that does not compile raises
+        EdgeInferError saying why."""
         from edgeinfer.generate import stream_generate
 
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        constraint = self.constraint(grammar, json_schema)
         sampler = make_sampler(SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed))
-        for event in stream_generate(self, ids, sampler, max_tokens, stop):
+        for event in stream_generate(self, ids, sampler, max_tokens, stop,
+                                     constraint=constraint):
             if event.text:
                 yield event.text
+
+    def constraint(self, grammar: str | None = None, json_schema: dict | str | None = None):
+        """A new sequence's state for `grammar` or `json_schema` (at most one), or None."""
+        if grammar is None and json_schema is None:
+            return None
+        if grammar is not None and json_schema is not None:
+            raise EdgeInferError("give a grammar or a JSON schema, not both")
+        from edgeinfer.structured import Constraint, compile_constraint
+
+        spec = Constraint.from_llama_grammar(grammar) if grammar is not None \
+            else Constraint.json_schema(json_schema)
+        return compile_constraint(self.tokenizer, spec).start()

@@ -84,9 +84,20 @@ def run(
     system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr."),
+    grammar: str | None = typer.Option(None, "--grammar",
+                                       help="Constrain the output: GBNF (or Lark after "
+                                            "%llguidance)."),
+    grammar_file: Path | None = typer.Option(None, "--grammar-file",
+                                             help="Read the grammar from a file."),
+    json_schema: str | None = typer.Option(None, "-j", "--json-schema",
+                                           help="Constrain the output to this JSON schema."),
+    json_schema_file: Path | None = typer.Option(None, "--json-schema-file",
+                                                 help="Read the JSON schema from a file."),
 ) -> None:
     """Generate text from a prompt, streamed to stdout (timings go to stderr)."""
     text = _read_prompt(prompt, file)
+    grammar = _text_or_file(grammar, grammar_file, "--grammar")
+    json_schema = _text_or_file(json_schema, json_schema_file, "--json-schema")
 
     def start() -> None:  # inside _guard: SamplingParams rejects bad values
         from edgeinfer.commands.run import RunOptions, run_command
@@ -99,7 +110,7 @@ def run(
         run_command(RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
-            flash_attn=_flash(flash_attn)))
+            flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema))
 
     _guard(start)
 
@@ -166,6 +177,18 @@ def _read_prompt(prompt: str | None, file: Path | None) -> str | None:
         _fail(f"the prompt {'file ' + str(file) if file else 'on stdin'} is not valid UTF-8 "
               f"(byte {exc.start})")
     return prompt
+
+
+def _text_or_file(text: str | None, file: Path | None, flag: str) -> str | None:
+    """A flag's value given inline or as `FLAG-file`, not both."""
+    if text is not None and file is not None:
+        _fail(f"give either {flag} or {flag}-file, not both")
+    if file is None:
+        return text
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read {flag}-file {file}: {getattr(exc, 'strerror', None) or exc}")
 
 
 def _guard(fn, *args) -> None:

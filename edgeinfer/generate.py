@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,8 +61,10 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 
 
 def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
-                  timings: Timings, slot: int = 0) -> Iterator[int]:
-    """Yield sampled token ids until the context is full; the caller decides when to stop."""
+                  timings: Timings, slot: int = 0, constraint: Any = None) -> Iterator[int]:
+    """Yield sampled token ids until the context is full; the caller decides when to stop.
+    `constraint` (edgeinfer.structured.SequenceConstraint) allows only the tokens its
+    grammar does, and has accepted each token yielded."""
     tf = model.transformer
     n_prompt = len(prompt)
     check_prompt(n_prompt, tf.n_ctx)
@@ -70,6 +72,7 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
     recent = list(prompt[len(prompt) - keep :]) if keep else []
     logits = np.zeros((1, model.config.n_vocab), dtype=np.float32)
+    mask = None if constraint is None else constraint.new_mask()
     token, pos, slot_arr = (np.zeros(1, np.int32) for _ in range(3))
     slot_arr[0] = slot
     t0 = time.perf_counter()
@@ -79,7 +82,11 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     timings.prompt_n, timings.prompt_ms = n_prompt, 1e3 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
     for p in range(n_prompt, tf.n_ctx + 1):
-        next_id = sampler.sample(logits[0], recent)
+        if constraint is not None:
+            constraint.fill_mask(mask)
+        next_id = sampler.sample(logits[0], recent, mask)
+        if constraint is not None and not constraint.accept(next_id):
+            raise EdgeInferError(f"the constraint refused token {next_id}: {constraint.error}")
         timings.predicted_n += 1
         timings.predicted_ms = 1e3 * (time.perf_counter() - t0)
         yield next_id
@@ -126,21 +133,22 @@ def _partial_suffix(text: str, stop: str) -> int:
 
 def stream_generate(model: Model, prompt: Sequence[int], sampler: Sampler,
                     max_tokens: int = -1, stop: Sequence[str] = (),
-                    slot: int = 0) -> Iterator[GenerationEvent]:
+                    slot: int = 0, constraint: Any = None) -> Iterator[GenerationEvent]:
     """Events with text pieces; the last one carries finish_reason and the timings.
-    max_tokens < 0 means until EOS or the end of the context."""
+    max_tokens < 0 means until EOS or the end of the context. With a `constraint`, the
+    generation also stops where its grammar is complete."""
     timings = Timings()
     decoder = model.tokenizer.stream_decoder()
     matcher = StopMatcher(stop)
     finish, hit, n = "length", False, 0
-    for token in generate_step(model, prompt, sampler, timings, slot):
+    for token in generate_step(model, prompt, sampler, timings, slot, constraint):
         if model.tokenizer.is_eog(token):
             finish = "stop"
             break
         n += 1
         text, hit = matcher.feed(decoder.feed(token))
         yield GenerationEvent(text, token, timings=timings)
-        if hit:
+        if hit or (constraint is not None and constraint.is_stopped()):
             finish = "stop"
             break
         if n == max_tokens:

@@ -192,3 +192,43 @@ def test_serve_on_port_zero_names_the_port_it_got(tiny):
         assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
     finally:
         srv.stop()
+
+
+# -- structured output (issue 34) --------------------------------------------------------------
+FLAG = {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"],
+        "additionalProperties": False}
+
+
+def test_run_json_schema_and_grammar(tiny, tmp_path):
+    pytest.importorskip("llguidance", reason="the 'structured' extra")
+    import jsonschema
+
+    out = edgeinfer("run", tiny, "-p", "the cat", "--temp", 0, "--raw", "-c", 256, "-q",
+                    "-j", json.dumps(FLAG))
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), FLAG)
+    grammar = tmp_path / "yn.gbnf"
+    grammar.write_text('root ::= ("yes" | "no") "!"')
+    out = edgeinfer("run", tiny, "-p", "the cat", "--temp", 0.9, "--raw", "-c", 256, "-q",
+                    "--grammar-file", grammar)
+    assert out.returncode == 0 and out.stdout in ("yes!", "no!"), out.stderr
+    # the API: the same constraint, the same greedy text
+    model = Model.load(tiny, n_ctx=256)
+    text = "".join(model.generate("the cat", max_tokens=-1, temperature=0,
+                                  json_schema=FLAG))
+    assert json.loads(text) == json.loads(edgeinfer(
+        "run", tiny, "-p", "the cat", "--temp", 0, "--raw", "-c", 256, "-q", "-j",
+        json.dumps(FLAG)).stdout)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--grammar", "root ::= foo"], "Rule 'foo' not found"),
+    (["-j", "{not json"], "not valid JSON"),
+    (["--grammar", "root ::= \"a\"", "--grammar-file", "x.gbnf"], "not both"),
+    (["--grammar", "root ::= \"a\"", "-j", "{}"], "not both"),
+])
+def test_run_bad_constraints_are_one_line_errors(tiny, args, message):
+    pytest.importorskip("llguidance", reason="the 'structured' extra")
+    out = edgeinfer("run", tiny, "-p", "x", "--raw", "-c", 256, *args)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr

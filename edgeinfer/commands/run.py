@@ -22,6 +22,8 @@ class RunOptions:
     stop: tuple[str, ...] = ()
     quiet: bool = False
     flash_attn: bool = False
+    grammar: str | None = None  # GBNF, or Lark after %llguidance
+    json_schema: str | None = None  # a JSON schema's text
 
 
 def run_command(opts: RunOptions) -> None:
@@ -44,8 +46,10 @@ def run_command(opts: RunOptions) -> None:
                            flash_attn=opts.flash_attn, compile_helper=True)
         settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
+    constraint = model.constraint(opts.grammar, opts.json_schema)
     event = None
-    for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop):
+    for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop,
+                                 constraint=constraint):
         if event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()

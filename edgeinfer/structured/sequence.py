@@ -69,6 +69,10 @@ class SequenceConstraint:
         self._matcher = matcher
         self._mask = np.full(mask_words(compiled.n_vocab), -1, dtype=np.int32)  # for apply()
 
+    def new_mask(self) -> np.ndarray:
+        """A mask row for this vocabulary (allocate once, fill every step)."""
+        return np.zeros(mask_words(self.compiled.n_vocab), dtype=np.int32)
+
     def fill_mask(self, row: np.ndarray) -> None:
         """Write the next token's mask into `row` ((n_words,) int32, C-contiguous)."""
         _check_row(row, self._mask.shape[0])
