@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,11 +371,13 @@ class Engine(threading.Thread):
         n, owners, prefilled = rows
         tf = self.model.transformer
         m = len(owners)
+        masks = self._fill_masks(owners)  # in a worker thread: the forward releases the GIL
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
                    self.batch_rows[:m], self.logits[:m])
+        if masks is not None:
+            masks.result()
         for slot in prefilled:
             self._progress(slot)
-        self._fill_masks(owners)
         self.stats.n_decode += 1
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
@@ -539,18 +542,20 @@ class Engine(threading.Thread):
         return n + 1
 
     # -- after the forward ---------------------------------------------------------------------
-    def _fill_masks(self, owners: list[Slot]) -> None:
-        """The next-token masks of the constrained sequences among `owners`, all at once
-        (llguidance's thread pool), into their slot's row of one preallocated array."""
+    def _fill_masks(self, owners: list[Slot]) -> Future | None:
+        """Start filling the next-token masks of the constrained sequences among `owners`
+        (llguidance's thread pool) into their slot's row of one preallocated array, while
+        the forward pass runs: the masks depend only on the tokens accepted so far."""
         constrained = [slot for slot in owners if slot.constraint is not None]
         if not constrained:
-            return
+            return None
         if self.masks is None:
             from edgeinfer.structured import MaskBatch
 
             self.masks = MaskBatch(self.n_slots, self.model.config.n_vocab)
-        self.masks.fill([slot.id for slot in constrained],
-                        [slot.constraint for slot in constrained])
+            self.mask_worker = ThreadPoolExecutor(1, thread_name_prefix="edgeinfer-masks")
+        return self.mask_worker.submit(self.masks.fill, [slot.id for slot in constrained],
+                                       [slot.constraint for slot in constrained])
 
     def _on_logits(self, slot: Slot, row: np.ndarray, now: float) -> None:
         job = slot.job

@@ -44,11 +44,21 @@ def mask_allows(mask: np.ndarray, token: int) -> bool:
 @njit(cache=True, nogil=True)
 def apply_bitmask(logits: np.ndarray, mask: np.ndarray) -> None:
     """logits (n_vocab,) float32, in place: -inf where the mask (n_words,) int32 has no bit,
-    and for ids past the mask (a model whose output rows outnumber its tokens)."""
-    n_bits = mask.shape[0] * 32
-    for i in range(logits.shape[0]):
-        if i >= n_bits or (mask[i >> 5] >> (i & 31)) & 1 == 0:
-            logits[i] = -np.inf
+    and for ids past the mask (a model whose output rows outnumber its tokens). A word at a
+    time: a grammar's mask is mostly whole words of allowed or banned tokens."""
+    n = logits.shape[0]
+    for w in range(mask.shape[0]):
+        bits = mask[w]
+        if bits == -1:
+            continue
+        start, stop = w * 32, min(w * 32 + 32, n)
+        if bits == 0:
+            logits[start:stop] = -np.inf
+            continue
+        for i in range(start, stop):
+            if (bits >> (i - start)) & 1 == 0:
+                logits[i] = -np.inf
+    logits[min(n, mask.shape[0] * 32):] = -np.inf
 
 
 @njit(cache=True, nogil=True)
