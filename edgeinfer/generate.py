@@ -82,9 +82,10 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     timings.prompt_n, timings.prompt_ms = n_prompt, 1e3 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
     for p in range(n_prompt, tf.n_ctx + 1):
-        if constraint is not None:
+        next_id = sampler.sample(logits[0], recent)
+        if constraint is not None and not constraint.allows(next_id):  # as the server does
             constraint.fill_mask(mask)
-        next_id = sampler.sample(logits[0], recent, mask)
+            next_id = sampler.sample(logits[0], recent, mask)
         if constraint is not None and not constraint.accept(next_id):
             raise EdgeInferError(f"the constraint refused token {next_id}: {constraint.error}")
         timings.predicted_n += 1

@@ -29,7 +29,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,7 +339,7 @@ class Engine(threading.Thread):
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(self.n_slots, np.int32)
-        self.masks = None  # the constraints' masks (structured.MaskBatch), on first use
+        self.masks = None  # (n_slots, n_words) int32: the constraints' masks, on first use
         log.info("model loaded in %.2f s: %d slots x %d tokens of context, flash attention %s",
                  time.perf_counter() - t0, self.n_slots, tf.n_ctx,
                  "on" if tf.flash_attn else "off")
@@ -371,11 +370,8 @@ class Engine(threading.Thread):
         n, owners, prefilled = rows
         tf = self.model.transformer
         m = len(owners)
-        masks = self._fill_masks(owners)  # in a worker thread: the forward releases the GIL
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
                    self.batch_rows[:m], self.logits[:m])
-        if masks is not None:
-            masks.result()
         for slot in prefilled:
             self._progress(slot)
         self.stats.n_decode += 1
@@ -542,20 +538,31 @@ class Engine(threading.Thread):
         return n + 1
 
     # -- after the forward ---------------------------------------------------------------------
-    def _fill_masks(self, owners: list[Slot]) -> Future | None:
-        """Start filling the next-token masks of the constrained sequences among `owners`
-        (llguidance's thread pool) into their slot's row of one preallocated array, while
-        the forward pass runs: the masks depend only on the tokens accepted so far."""
-        constrained = [slot for slot in owners if slot.constraint is not None]
-        if not constrained:
-            return None
+    def _mask(self, slot: Slot) -> np.ndarray:
+        """The slot's constraint's next-token mask, in its row of one preallocated array."""
         if self.masks is None:
-            from edgeinfer.structured import MaskBatch
+            from edgeinfer.structured import mask_words
 
-            self.masks = MaskBatch(self.n_slots, self.model.config.n_vocab)
-            self.mask_worker = ThreadPoolExecutor(1, thread_name_prefix="edgeinfer-masks")
-        return self.mask_worker.submit(self.masks.fill, [slot.id for slot in constrained],
-                                       [slot.constraint for slot in constrained])
+            self.masks = np.zeros((self.n_slots, mask_words(self.model.config.n_vocab)),
+                                  np.int32)
+        slot.constraint.fill_mask(self.masks[slot.id])
+        return self.masks[slot.id]
+
+    def _sample(self, slot: Slot, row: np.ndarray) -> tuple[int, TokenProbs | None]:
+        """The next token, and its probabilities if asked for. A constrained sequence is
+        sampled as llama.cpp's common_sampler_sample does: without the grammar first, and
+        only if the token is not allowed, again with the grammar's mask applied first (the
+        same token as mask-first under greedy, at a fraction of the cost)."""
+        params, sampler, constraint = slot.job.params, slot.sampler, slot.constraint
+        if params.logprobs and params.post_sampling_probs:
+            mask = self._mask(slot) if constraint is not None else None
+            token, ids, dist = sampler.sample_with_probs(row, slot.recent, mask)
+            prob = float(dist[ids == token].sum())
+            return token, TokenProbs(token, prob, top_probs(ids, dist, params.n_probs), True)
+        token = sampler.sample(row, slot.recent)
+        if constraint is not None and not constraint.allows(token):
+            token = sampler.sample(row, slot.recent, self._mask(slot))
+        return token, slot_probs(row, token, params.n_probs) if params.logprobs else None
 
     def _on_logits(self, slot: Slot, row: np.ndarray, now: float) -> None:
         job = slot.job
@@ -567,15 +574,7 @@ class Engine(threading.Thread):
             self.stats.prompt_seconds += now - slot.t_start
             if job.params.n_predict == 0:
                 return self._finish(slot, "limit")
-        params = job.params  # ignore_eos is in the sampler: -inf logit biases (params.py)
-        mask = self.masks.masks[slot.id] if slot.constraint is not None else None
-        if params.logprobs and params.post_sampling_probs:
-            token, ids, dist = slot.sampler.sample_with_probs(row, slot.recent, mask)
-            prob = float(dist[ids == token].sum())
-            probs = TokenProbs(token, prob, top_probs(ids, dist, params.n_probs), True)
-        else:
-            token = slot.sampler.sample(row, slot.recent, mask)
-            probs = slot_probs(row, token, params.n_probs) if params.logprobs else None
+        token, probs = self._sample(slot, row)  # ignore_eos: -inf biases (params.py)
         self._accept(slot, token, probs, now)
 
     def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:

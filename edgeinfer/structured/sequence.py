@@ -79,6 +79,10 @@ class SequenceConstraint:
         self._matcher = matcher
         self._mask = np.full(mask_words(compiled.n_vocab), -1, dtype=np.int32)  # for apply()
 
+    def allows(self, token: int) -> bool:
+        """Whether `token` may come next (without computing the whole mask)."""
+        return self._matcher.validate_tokens([token]) == 1
+
     def new_mask(self) -> np.ndarray:
         """A mask row for this vocabulary (allocate once, fill every step)."""
         return np.zeros(mask_words(self.compiled.n_vocab), dtype=np.int32)
