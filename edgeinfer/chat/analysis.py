@@ -11,7 +11,8 @@ llama.cpp's differential template analysis (common/chat-diff-analyzer.cpp).
 * the markers that open a user and an assistant turn.
 
 Known templates the comparisons get wrong are patched afterwards from a table, as in
-llama.cpp. Tool-call formats are analysed by the tool-call layer, not here.
+llama.cpp. The tool-call format (tool_analysis.py) is found in the same pass, and its
+markers join the preserved tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from edgeinfer.chat.probe import (
     tool_call,
 )
 from edgeinfer.chat.render import ChatTemplate
+from edgeinfer.chat.tool_analysis import TOOL_TEMPLATE_PATCHES, ToolFormat, analyze_tools
 
 REASONING_NONE, REASONING_TAGS, REASONING_TOOLS_ONLY = "none", "tag_based", "tools_only"
 CONTENT_PLAIN, CONTENT_ALWAYS_WRAPPED, CONTENT_WRAPPED_WITH_REASONING = (
@@ -59,6 +61,7 @@ class TemplateAnalysis:
     assistant_start: str = ""
     preserved_tokens: list[str] = field(default_factory=list)
     additional_stops: list[str] = field(default_factory=list)
+    tools: ToolFormat = field(default_factory=ToolFormat)
 
     @property
     def supports_thinking(self) -> bool:
@@ -327,10 +330,11 @@ KNOWN_TEMPLATE_PATCHES: tuple[Callable[[str, TemplateAnalysis], None], ...] = (
 
 
 def _preserved_tokens(found: TemplateAnalysis) -> list[str]:
-    """collect_preserved_tokens for the reasoning and content markers: trimmed, unique."""
+    """collect_preserved_tokens: the reasoning, content and tool-call markers, trimmed,
+    unique."""
     tokens: list[str] = []
     for marker in (found.reasoning_start, found.reasoning_end, found.content_start,
-                   found.content_end):
+                   found.content_end, *found.tools.markers()):
         if trim(marker) and trim(marker) not in tokens:
             tokens.append(trim(marker))
     return tokens
@@ -345,17 +349,22 @@ def _analyze(source: str, bos_token: str, eos_token: str) -> TemplateAnalysis:
     if tmpl.caps.supports_tool_calls:
         _reasoning_scope(tmpl, found)
     _content(tmpl, found)
+    if tmpl.caps.supports_tool_calls:
+        found.tools = analyze_tools(tmpl, found.reasoning_start, found.reasoning_end)
     found.assistant_start = _assistant_start(tmpl, found)
     found.user_start = _user_start(tmpl)
     found.preserved_tokens = _preserved_tokens(found)
     for patch in KNOWN_TEMPLATE_PATCHES:
         patch(source, found)
+    for tool_patch in TOOL_TEMPLATE_PATCHES:
+        tool_patch(source, found.tools)
     return found
 
 
 def analyze_template(tmpl: ChatTemplate) -> TemplateAnalysis:
-    """autoparser::analyze_template without the tool-call analysis (cached per template;
-    the result is a copy the caller may change)."""
+    """autoparser::analyze_template (cached per template; the result is a copy the caller
+    may change)."""
     found = _analyze(tmpl.source, tmpl.bos_token, tmpl.eos_token)
     return replace(found, preserved_tokens=list(found.preserved_tokens),
+                   tools=replace(found.tools, parameter_order=list(found.tools.parameter_order)),
                    additional_stops=list(found.additional_stops))
