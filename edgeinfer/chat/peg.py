@@ -350,6 +350,17 @@ class _Schema(Parser):
         return self.child.parse(ctx, pos)
 
 
+class _Through(Parser):
+    """Parses as `child`; its grammar is "any text up to and including the first
+    `delimiter`" (common_peg_ac_parser), for a value that runs to a closing marker."""
+
+    def __init__(self, child: Parser, delimiter: str):
+        self.child, self.delimiter = child, delimiter
+
+    def parse(self, ctx, pos):
+        return self.child.parse(ctx, pos)
+
+
 class _Forward(Parser):
     """A parser defined later (recursive grammars: a JSON value inside a JSON array)."""
 
@@ -446,6 +457,11 @@ def trigger_rule(name: str, item: Parser | str) -> Parser:
 
 def schema(item: Parser, name: str, json_schema: dict) -> Parser:
     return _Schema(item, name, json_schema)
+
+
+def through(item: Parser, delimiter: str) -> Parser:
+    """llama.cpp's `ac(p, delimiter)`."""
+    return _Through(item, delimiter)
 
 
 def marker() -> Parser:
