@@ -407,3 +407,38 @@ def test_next_turn_renders_the_call_and_its_result(name, expected):
     if not name.startswith("mistralai"):  # its template writes the id the call got
         assert prompt.startswith(first.prompt + text)
     assert expected in prompt and prompt.index(text.strip()) < prompt.index(expected)
+
+
+# -- the JSON scanner against llama.cpp's JSON grammar ----------------------------------------
+def _combinator_json() -> peg.Parser:
+    """common_peg_parser_builder::json() written with the PEG primitives (the reference the
+    scanner must agree with)."""
+    value = peg.choice()  # filled below: a recursive grammar
+    member = peg.seq(peg.json_string(), peg.space(), ":", peg.space(), value)
+    members = peg.seq(member, peg.zero_or_more(peg.seq(peg.space(), ",", peg.space(), member)))
+    obj = peg.seq("{", peg.space(), peg.choice("}", peg.seq(members, peg.space(), "}")))
+    elements = peg.seq(value, peg.zero_or_more(peg.seq(peg.space(), ",", peg.space(), value)))
+    array = peg.seq("[", peg.space(), peg.choice("]", peg.seq(elements, peg.space(), "]")))
+    value.children[:] = [obj, array, peg.json_string(), peg.json_number(),
+                         peg.choice("true", "false"), peg.literal("null")]
+    return value
+
+
+JSON_SAMPLES = [
+    '{"arg1": 1}', '{ "a" : [1, -2.5e+3, 0, true, false, null, "x\\"y\\u00e9\\n"] }',
+    '[]', '{}', '[{"a": {"b": [[]]}}, "s"]', '-0.0E-1', '01', '1.', '1e', '{"a" 1}',
+    '{"a": 1,}', '[1 2]', 'nul', 'tx', '"\\x"', '{"a": "\\u12G4"}', '  {"k":"v"}  x',
+]
+
+
+@pytest.mark.parametrize("lenient", [True, False])
+def test_json_scanner_matches_the_combinators(lenient):
+    reference, scanner = _combinator_json(), peg.json_value()
+    for sample in JSON_SAMPLES:
+        for cut in range(len(sample) + 1):
+            text = sample[:cut]
+            want = peg.parse(reference, text, lenient=lenient)
+            got = peg.parse(scanner, text, lenient=lenient)
+            assert got.status == want.status, text
+            if not want.fail:
+                assert got.end == want.end, text

@@ -257,6 +257,9 @@ class _Writer:
         schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), "lenient": True}}
         return "%json " + json.dumps(schema, ensure_ascii=False)
 
+    def _json(self, p) -> str:
+        return "%json {}"
+
     def _through_parser(self, p) -> str:
         return self._through(p.delimiter)
 
@@ -319,7 +322,7 @@ _EXPRESSIONS = {
     peg._Repeat: _Writer._repeat, peg._Space: _Writer._space, peg._Any: _Writer._any,
     peg._Chars: _Writer._chars, peg._StringContent: _Writer._stringcontent,
     peg._Until: _Writer._until, peg._Tag: _Writer._child, peg._Atomic: _Writer._child,
-    peg._Forward: _Writer._child, peg._Rule: _Writer._rule, peg._Schema: _Writer._schema,
+    peg._JsonValue: _Writer._json, peg._Rule: _Writer._rule, peg._Schema: _Writer._schema,
     peg._Through: _Writer._through_parser,
 }
 

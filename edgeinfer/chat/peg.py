@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import cache
 
 SPACE_CHARS = " \t\n\v\f\r"  # C's isspace in the "C" locale, as llama.cpp's space() uses
 
@@ -361,14 +360,131 @@ class _Through(Parser):
         return self.child.parse(ctx, pos)
 
 
-class _Forward(Parser):
-    """A parser defined later (recursive grammars: a JSON value inside a JSON array)."""
+class _JsonValue(Parser):
+    """A JSON value scanned directly. Statuses and end positions are those of llama.cpp's
+    combinators: a literal, string or number cut by the end of the input needs more (a
+    number even when complete, as "3" may become "3.14"); an unfinished object or array
+    needs more at the end of the input; optional parts are not tried there."""
 
-    def __init__(self):
-        self.child: Parser | None = None
+    _DIGITS = frozenset("0123456789")
+    _NUMBER_CHARS = frozenset("0123456789.eE+-")
 
     def parse(self, ctx, pos):
-        return self.child.parse(ctx, pos)
+        try:
+            status, end = self._value(ctx, pos)
+        except RecursionError:
+            status, end = Status.FAIL, pos
+        return Result(status, pos, end)
+
+    def _value(self, ctx, pos):
+        text = ctx.text
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        char = text[pos]
+        if char == "{":
+            return self._container(ctx, pos, "}", member=True)
+        if char == "[":
+            return self._container(ctx, pos, "]", member=False)
+        if char == '"':
+            return self._string(ctx, pos)
+        if char == "-" or char in self._DIGITS:
+            return self._number(ctx, pos)
+        for word in ("true", "false", "null"):
+            result = _Literal(word).parse(ctx, pos)
+            if not result.fail:
+                return result.status, result.end
+        return Status.FAIL, pos
+
+    @staticmethod
+    def _more(ctx, pos, end):
+        return (Status.NEED_MORE, end) if ctx.lenient else (Status.FAIL, pos)
+
+    @staticmethod
+    def _space(text, pos):
+        while pos < len(text) and text[pos] in SPACE_CHARS:
+            pos += 1
+        return pos
+
+    def _container(self, ctx, pos, close, member):
+        """`{ members }` or `[ elements ]` with llama.cpp's optional-part rules."""
+        text, start = ctx.text, pos
+        pos = self._space(text, pos + 1)
+        if pos >= len(text):
+            return self._more(ctx, start, len(text))
+        if text[pos] == close:
+            return Status.SUCCESS, pos + 1
+        status, pos = self._item(ctx, pos, member)
+        while status is Status.SUCCESS and pos < len(text):
+            after = self._space(text, pos)
+            if after >= len(text):
+                return self._more(ctx, start, len(text))
+            if text[after] != ",":
+                break
+            status, pos = self._item(ctx, self._space(text, after + 1), member)
+        if status is not Status.SUCCESS:
+            return status, pos
+        pos = self._space(text, pos)
+        if pos >= len(text):
+            return self._more(ctx, start, len(text))
+        return (Status.SUCCESS, pos + 1) if text[pos] == close else (Status.FAIL, pos)
+
+    def _item(self, ctx, pos, member):
+        if not member:
+            return self._value(ctx, pos)
+        text = ctx.text
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        if text[pos] != '"':
+            return Status.FAIL, pos
+        status, pos = self._string(ctx, pos)
+        if status is not Status.SUCCESS:
+            return status, pos
+        pos = self._space(text, pos)
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        if text[pos] != ":":
+            return Status.FAIL, pos
+        return self._value(ctx, self._space(text, pos + 1))
+
+    def _string(self, ctx, pos):
+        result = _StringContent('"').parse(ctx, pos + 1)
+        if result.status is not Status.SUCCESS:
+            return result.status, result.end
+        return Status.SUCCESS, result.end + 1
+
+    def _number(self, ctx, pos):
+        text, start = ctx.text, pos
+        if text[pos] == "-":
+            pos += 1
+            if pos >= len(text):
+                return self._more(ctx, start, len(text))
+        if text[pos] == "0":
+            pos += 1
+        elif text[pos] in self._DIGITS:
+            pos = self._digits(text, pos)
+        else:
+            return Status.FAIL, pos
+        for marker, signs in ((".", ""), ("eE", "+-")):
+            if pos < len(text) and text[pos] in marker:
+                pos += 1
+                if signs and pos < len(text) and text[pos] in signs:
+                    pos += 1
+                if pos >= len(text):
+                    return self._more(ctx, start, len(text))
+                if text[pos] not in self._DIGITS:
+                    return Status.FAIL, pos
+                pos = self._digits(text, pos)
+        if pos >= len(text):  # the next character could still extend it
+            return (Status.NEED_MORE, pos) if ctx.lenient else (Status.SUCCESS, pos)
+        return (Status.FAIL, pos) if text[pos] in self._NUMBER_CHARS else (Status.SUCCESS, pos)
+
+    def _digits(self, text, pos):
+        while pos < len(text) and text[pos] in self._DIGITS:
+            pos += 1
+        return pos
+
+
+_JSON_VALUE = _Rule("json-value", _JsonValue())
 
 
 def eps() -> Parser:
@@ -495,19 +611,12 @@ def json_number() -> Parser:
                                    negate(chars("[0-9.eE+-]", 1, 1))))
 
 
-@cache
 def json_value() -> Parser:
-    """Any JSON value, leniently: an object or array cut by the end of the input needs more."""
-    value = _Forward()
-    member = seq(json_string(), space(), ":", space(), value)
-    members = seq(member, zero_or_more(seq(space(), ",", space(), member)))
-    obj = rule("json-object", seq("{", space(), choice("}", seq(members, space(), "}"))))
-    elements = seq(value, zero_or_more(seq(space(), ",", space(), value)))
-    array = rule("json-array", seq("[", space(), choice("]", seq(elements, space(), "]"))))
-    scalars = (json_string(), json_number(), rule("json-bool", choice("true", "false")),
-               rule("json-null", literal("null")))
-    value.child = choice(obj, array, *scalars)
-    return rule("json-value", value)
+    """Any JSON value, leniently: an object or array cut by the end of the input needs more.
+    One scanner (_JsonValue) with the semantics of llama.cpp's combinator grammar
+    (json_object, json_array, json_string, json_number, json_bool, json_null), which is
+    quadratic to re-run in Python on every streamed piece."""
+    return _JSON_VALUE
 
 
 def walk(nodes: list[Node]):
