@@ -300,6 +300,16 @@ def test_template_without_tools():
     assert _parse(prompt, QWEN_CALL) == ChatMsg(content=QWEN_CALL)
 
 
+def test_dedicated_handler_templates_read_calls_as_content():
+    """Templates llama.cpp parses with a dedicated handler (Qwen3-Coder's XML calls here)
+    keep their calls as content and get no grammar: the generic format is not trusted."""
+    prompt = _prompt("Qwen3-Coder")
+    text = ("<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n"
+            "</function>\n</tool_call>")
+    assert prompt.specialized == "qwen3-coder" and prompt.grammar == ""
+    assert _parse(prompt, text) == ChatMsg(content=text)
+
+
 def test_tool_choice_none():
     """Tools are still rendered, but calls are neither parsed nor constrained."""
     prompt = _prompt("Qwen-Qwen2.5-7B-Instruct", "none")

@@ -160,8 +160,8 @@ class ChatPrompt:
     `syntax` goes to ChatParser. `generation_prompt` is the tail of `prompt` the model
     continues from. `thinking_start_tag`/`thinking_end_tags` are the trimmed reasoning
     markers (for a reasoning budget), `message_delimiters` the (role, marker) pairs that
-    open turns, `specialized` the llama.cpp handler this template would get (handled
-    generically here).
+    open turns, `specialized` the llama.cpp handler this template would get (reasoning and
+    content are read generically here, tool calls not at all).
 
     Tool calls: `grammar` is an llguidance Lark grammar ("" for none). Lazy
     (`grammar_lazy`, tool_choice "auto"): unconstrained until one of `grammar_triggers`
@@ -346,10 +346,15 @@ def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | No
         content_start=found.content_start if found.content_always_wrapped else "",
         content_end=found.content_end if found.content_always_wrapped else "",
         is_continuation=params.continue_final_message != CONTINUE_NONE,
-        tool_format=found.tools if found.tools.mode else None,
+        tool_format=found.tools if found.tools.mode and not specialized else None,
         tools=_parsed_tools(params, tmpl, named_function), tool_choice=params.tool_choice,
         parallel_tool_calls=params.parallel_tool_calls)
     return ChatPrompt(prompt, syntax, gen, **_thinking_fields(found), specialized=specialized)
+
+
+# A template llama.cpp gives a dedicated handler (specialized.py) has no tool format here:
+# the generic one its analysis finds is often wrong (Gemma 4, Kimi, MiniMax M3, ...), so
+# its output is read as reasoning and content, and no grammar is made.
 
 
 def _parsed_tools(params: GenerationParams, tmpl: ChatTemplate,
