@@ -266,7 +266,8 @@ def test_required_grammar(name, text, trigger):
     marks each call (`<tool_call>`) repeat the marked call anyway."""
     prompt = _prompt(name, "required")
     assert prompt.grammar and not prompt.grammar_lazy and not prompt.grammar_triggers
-    start = prompt.generation_prompt
+    start = prompt.grammar_prefill
+    assert start == prompt.generation_prompt
     assert grammar_error(prompt.grammar, start + text) == ""
     assert grammar_error(prompt.grammar, start + "Let me see." + text) == ""
     assert grammar_error(prompt.grammar, start + "Hello") == "the grammar expects more"

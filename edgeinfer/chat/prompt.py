@@ -185,6 +185,12 @@ class ChatPrompt:
     message_delimiters: tuple[tuple[str, str], ...] = ()
     specialized: str | None = None
 
+    @property
+    def grammar_prefill(self) -> str:
+        """The text a non-lazy grammar is fed before the generated text (llama.cpp's
+        prefill of the generation prompt's tokens); "" when there is none to feed."""
+        return self.generation_prompt if self.grammar and not self.grammar_lazy else ""
+
 
 def prepare_chat(templates: ChatTemplates, inputs: ChatInputs) -> ChatPrompt:
     """common_chat_templates_apply: the Jinja path, or the built-in formatters under
