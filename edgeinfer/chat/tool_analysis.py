@@ -186,10 +186,11 @@ def _json_native(fmt: ToolFormat, clean: str) -> None:
     json_start, json_end = clean.find("{"), clean.rfind("}")
     cut = clean[json_start:json_end + 1]
     try:
-        call = json.loads(cut)
+        call = json.loads(cut) if json_start != -1 else None
     except ValueError:
-        return  # llama.cpp fails the whole template here; its tool calls stay unknown
-    if not isinstance(call, dict):
+        call = None
+    if not isinstance(call, dict):  # llama.cpp fails the whole template; calls stay unknown
+        fmt.mode = ""
         return
     _json_fields(fmt, call)
     array = peg.tag("pre", peg.literal("[") + peg.space()) + peg.literal(cut) \
