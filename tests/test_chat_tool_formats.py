@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_chat_refs import template_source
+from test_chat_refs import peg_tools, template_source, templates_dir
 from test_chat_tools import grammar_error
 
 from edgeinfer.chat import (
@@ -32,10 +32,12 @@ from edgeinfer.chat import (
 )
 from edgeinfer.chat.analysis import analyze_template
 from edgeinfer.chat.mapper import message_from_tree, normalize_quotes_to_json
+from edgeinfer.chat.parser import FORMAT_PEG, ChatSyntax
 from edgeinfer.chat.prompt import ChatInputs
 from edgeinfer.chat.render import ChatTemplate
 from edgeinfer.chat.tool_analysis import JSON_NATIVE, TAG_WITH_TAGGED
 from edgeinfer.chat.tool_parser import standard_json_tools, tag_with_tagged
+from edgeinfer.errors import EdgeInferError
 
 llguidance = pytest.importorskip("llguidance")
 
@@ -147,7 +149,6 @@ def test_bailing_v3_tool_format():
 
 
 def _syntax(tool_format, tools, tool_choice="auto", parallel=False):
-    from edgeinfer.chat.parser import FORMAT_PEG, ChatSyntax
     return ChatSyntax(format=FORMAT_PEG, tool_format=tool_format, tools=tuple(tools),
                       tool_choice=tool_choice, parallel_tool_calls=parallel)
 
@@ -453,3 +454,30 @@ def test_json_scanner_matches_the_combinators(lenient):
             assert got.status == want.status, text
             if not want.fail:
                 assert got.end == want.end, text
+
+
+# -- every grammar compiles -----------------------------------------------------------------------
+def _template_names():
+    folder = templates_dir()
+    return sorted(p.stem for p in folder.glob("*.jinja")) if folder else ["absent"]
+
+
+@pytest.mark.parametrize("name", _template_names())
+def test_grammars_compile(name):
+    """llguidance compiles the grammar of every template with test-chat.cpp's tools (nested,
+    nullable, union and empty schemas, dotted names), under auto and required, with and
+    without parallel calls."""
+    tools = [ChatTool(t["function"]["name"], t["function"]["description"],
+                      t["function"]["parameters"]) for t in peg_tools().values()]
+    templates = init_templates(template_source(name))
+    for choice in ("auto", "required"):
+        for parallel in (False, True):
+            inputs = ChatInputs(messages=[USER], tools=tools, tool_choice=choice,
+                                parallel_tool_calls=parallel, reasoning_format="auto")
+            try:
+                prompt = prepare_chat(templates, inputs)
+            except EdgeInferError:  # a template that cannot render some schema (Hermes)
+                inputs.tools = [SPECIAL, SPECIAL_OPT]
+                prompt = prepare_chat(templates, inputs)
+            if prompt.grammar:
+                assert grammar_error(prompt.grammar) == "", prompt.grammar
