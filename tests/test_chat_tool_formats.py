@@ -309,6 +309,7 @@ def test_dedicated_handler_templates_read_calls_as_content():
     text = ("<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n"
             "</function>\n</tool_call>")
     assert prompt.specialized == "qwen3-coder" and prompt.grammar == ""
+    assert "<function=" not in prompt.preserved_tokens
     assert _parse(prompt, text) == ChatMsg(content=text)
 
 

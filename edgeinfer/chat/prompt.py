@@ -335,8 +335,13 @@ def _pure_content(tmpl: ChatTemplate, params: GenerationParams) -> ChatPrompt:
 
 def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | None,
              named_function: str = "") -> ChatPrompt:
-    """peg_generator::generate_parser with the template analysis."""
+    """peg_generator::generate_parser with the template analysis. A template llama.cpp
+    gives a dedicated handler (`specialized`) gets no tool format: the generic one its
+    analysis finds is often wrong (Gemma 4, Kimi, MiniMax M3, ...), so its output is read
+    as reasoning and content, with no grammar and no tool markers preserved."""
     found = analyze_template(tmpl)
+    if specialized:
+        found = _without_tool_markers(found)
     prompt = direct_apply(tmpl, params)
     gen = parser_gen = generation_prompt(tmpl, params)
     if params.has_continuation:
@@ -358,9 +363,12 @@ def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | No
     return ChatPrompt(prompt, syntax, gen, **_thinking_fields(found), specialized=specialized)
 
 
-# A template llama.cpp gives a dedicated handler (specialized.py) has no tool format here:
-# the generic one its analysis finds is often wrong (Gemma 4, Kimi, MiniMax M3, ...), so
-# its output is read as reasoning and content, and no grammar is made.
+def _without_tool_markers(found: TemplateAnalysis) -> TemplateAnalysis:
+    kept = {trim(m) for m in (found.reasoning_start, found.reasoning_end, found.content_start,
+                              found.content_end)}
+    tool_only = {trim(m) for m in found.tools.markers()} - kept
+    return replace(found, preserved_tokens=[t for t in found.preserved_tokens
+                                            if t not in tool_only])
 
 
 def _parsed_tools(params: GenerationParams, tmpl: ChatTemplate,
