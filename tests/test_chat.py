@@ -160,6 +160,14 @@ def test_runtime_type_error_is_edgeinfer_error():
         render_chat("{{ messages[0].content + [] }}", [{"role": "user", "content": "x"}])
 
 
+def test_endless_recursion_is_edgeinfer_error():
+    """A macro that never stops (Hermes' json_to_python_type on a "null" type iterates the
+    string's characters) is a template failure, not a crash."""
+    template = "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}"
+    with pytest.raises(EdgeInferError, match="chat template failed"):
+        render_chat(template, [{"role": "user", "content": "x"}])
+
+
 def test_string_plus_null_or_undefined_is_the_string():
     # llama.cpp's jinja runtime (common/jinja/runtime.cpp, workaround_concat_null_with_str)
     # concatenates none and undefined as "", and numbers as their text.

@@ -5,14 +5,14 @@ read from the C++: each input is fed one character at a time, as test_peg_parser
 diffs are accumulated, and the result must equal both the message parsed at each step and
 the expected message (compared with surrounding whitespace stripped, as
 assert_msg_equals(..., ignore_whitespace_differences=true) does). Cases with tools or a
-JSON schema belong to the tool-call layer, and templates llama.cpp hands to a dedicated
-parser are not handled here: both are skipped with their reason.
+JSON schema are test_chat_tools.py's; templates llama.cpp hands to a dedicated parser are
+not handled here and are skipped with their reason.
 """
 
 from __future__ import annotations
 
 import pytest
-from test_chat_refs import peg_cases, template_source
+from test_chat_refs import peg_cases, template_source, uses_tools
 
 from edgeinfer.chat import (
     ChatInputs,
@@ -111,10 +111,11 @@ def _case_setup(case, table):
 
 def _peg_ids():
     try:
-        cases, _ = peg_cases()
+        cases, table = peg_cases()
     except BaseException:  # noqa: BLE001 - absent data: the test itself skips
         return ["absent"]
-    return [f"{name}@{case.line}" for case in cases for name in case.templates]
+    return [f"{name}@{case.line}" for case in cases for name in case.templates
+            if not uses_tools(case, table)]
 
 
 @pytest.mark.parametrize("case_id", _peg_ids())

@@ -11,6 +11,7 @@ readers themselves on the parts of the files the other tests rely on.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -289,6 +290,52 @@ def _messages_table(tokens: list[Tok]) -> dict[str, dict]:
     return table
 
 
+TOOL_METHODS = {"tools", "json_schema", "tool_choice", "parallel_tool_calls",
+                "expect_tool_calls"}
+_PLAIN_MESSAGE_HELPERS = {"simple_assist_msg"}
+
+
+def uses_tools(case: PegCase, messages: dict[str, dict]) -> bool:
+    """The case sets tools or a JSON schema, or one of its messages has tool calls."""
+    for method, args in case.calls:
+        if method in TOOL_METHODS:
+            return True
+        if method in ("expect", "messages"):
+            refs = args[0] if method == "messages" else args[:1]
+            if any(_has_tool_calls(ref, messages) for ref in refs):
+                return True
+    return False
+
+
+def _has_tool_calls(ref, messages: dict[str, dict]) -> bool:
+    if ref[0] == "ident":
+        return bool(messages.get(ref[1], {"tool_calls": [1]})["tool_calls"])
+    args = [*ref[2], "", "", "", ""]
+    return ref[1] not in _PLAIN_MESSAGE_HELPERS or bool(args[2] or args[4])
+
+
+def _tools_table(tokens: list[Tok]) -> dict[str, dict]:
+    """`static common_chat_tool NAME{"name", "description", R"(parameters)"}` definitions as
+    OpenAI tool JSON (common_chat_tools_to_json_oaicompat)."""
+    table = {}
+    for i in range(len(tokens) - 3):
+        if tokens[i].value == "common_chat_tool" and tokens[i + 1].kind == "ident" \
+                and tokens[i + 2].value == "{":
+            fields = Reader(tokens, i + 2).value()
+            table[tokens[i + 1].value] = tool_json(*fields)
+    return table
+
+
+def tool_json(name: str, description: str, parameters: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description,
+                                             "parameters": json.loads(parameters)}}
+
+
+def peg_tools() -> dict[str, dict]:
+    """The tools test-chat.cpp defines, by variable name."""
+    return _tools_table(ref_tokens("test-chat.cpp", "tests/test-chat.cpp"))
+
+
 def peg_cases() -> tuple[list[PegCase], dict[str, dict]]:
     """The parser cases of test_template_output_peg_parsers and the messages they use."""
     tokens = ref_tokens("test-chat.cpp", "tests/test-chat.cpp")
@@ -355,3 +402,14 @@ def test_reads_the_peg_cases():
     looped = [c for c in cases if "MiMo-VL" in c.templates]
     assert looped and "Qwen-Qwen2.5-7B-Instruct" in looped[0].templates
     assert len(cases) > 100
+    assert messages["message_assist_call_id"]["tool_calls"] == [
+        ("special_function", '{"arg1":1}', "123456789")]
+
+
+def test_reads_the_tools():
+    tools = peg_tools()
+    special = tools["special_function_tool"]["function"]
+    assert special["name"] == "special_function" and special["description"] == "I'm special"
+    assert special["parameters"]["required"] == ["arg1"]
+    assert tools["empty_args_tool_no_schema"]["function"]["parameters"] == {}
+    assert tools["calendar_create_event_tool"]["function"]["name"] == "Calendar.create_event"

@@ -7,7 +7,8 @@ Startup, once per model (common_chat_templates_init, server-context.cpp):
                                model_tool_use_template=meta.get(
                                    "tokenizer.chat_template.tool_use"),
                                bos_token=..., eos_token=...,   # the vocab's BOS/EOS as text
-                               add_bos=..., add_eos=...)       # the tokenizer adds them
+                               add_bos=..., add_eos=...,       # the tokenizer adds them
+                               special_tokens={text: id, ...}) # llguidance's special tokens
     settings = chat_settings(templates, use_jinja=..., reasoning="auto", ...)
 
 Per request (/apply-template, /v1/chat/completions; ChatRequestError means HTTP 400):
@@ -15,9 +16,14 @@ Per request (/apply-template, /v1/chat/completions; ChatRequestError means HTTP 
     prompt = chat_prompt(templates, body, settings)
     prompt.prompt               # the text to tokenize (/apply-template returns it)
     prompt.additional_stops     # stop strings to add to the request's
+    prompt.preserved_tokens     # special tokens to detokenize as text (tool-call markers)
+    prompt.grammar              # tool calls: llguidance Lark, "" for none; with
+    prompt.grammar_lazy         #   grammar_lazy it starts at the first grammar_triggers word
+    prompt.grammar_triggers     #   (fed from that word on), else at the first token (fed
+                                #   prompt.generation_prompt first)
     parser = ChatParser(prompt.syntax, echo=False)
     for piece in generated_text:            # decoded text, whole characters
-        diffs = parser.feed(piece)          # list[MsgDiff]: reasoning/content deltas
+        diffs = parser.feed(piece)          # list[MsgDiff]: reasoning/content/tool-call deltas
     diffs = parser.finish()                 # last diffs; ChatParseError if the output
     message = parser.message                # does not fit the template's format
 
@@ -26,8 +32,9 @@ Lower level: `prepare_chat(templates, ChatInputs(...))` renders typed inputs;
 formats; `render_chat` renders a template directly (edgeinfer.api uses it).
 """
 
+from edgeinfer.chat.grammar import GrammarTrigger
 from edgeinfer.chat.message import ChatMsg, ContentPart, MsgDiff, ToolCall, msg_diffs
-from edgeinfer.chat.parser import ChatParseError, ChatParser, ChatSyntax
+from edgeinfer.chat.parser import ChatParseError, ChatParser, ChatSyntax, gen_tool_call_id
 from edgeinfer.chat.prompt import (
     ChatInputs,
     ChatPrompt,
@@ -52,7 +59,8 @@ from edgeinfer.chat.template import CHATML_TEMPLATE, compile_template, render_ch
 __all__ = [
     "CHATML_TEMPLATE", "ChatInputs", "ChatMsg", "ChatParseError", "ChatParser", "ChatPrompt",
     "ChatRequestError", "ChatSettings", "ChatSyntax", "ChatTemplates", "ChatTool",
-    "ContentPart", "MsgDiff", "ToolCall", "chat_inputs", "chat_prompt", "chat_settings",
-    "compile_template", "init_templates", "messages_from_json", "msg_diffs", "prepare_chat",
-    "render_chat", "supports_enable_thinking", "tools_from_json", "verify_template",
+    "ContentPart", "GrammarTrigger", "MsgDiff", "ToolCall", "chat_inputs", "chat_prompt",
+    "chat_settings", "compile_template", "gen_tool_call_id", "init_templates",
+    "messages_from_json", "msg_diffs", "prepare_chat", "render_chat", "supports_enable_thinking",
+    "tools_from_json", "verify_template",
 ]

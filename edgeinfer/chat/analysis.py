@@ -11,7 +11,8 @@ llama.cpp's differential template analysis (common/chat-diff-analyzer.cpp).
 * the markers that open a user and an assistant turn.
 
 Known templates the comparisons get wrong are patched afterwards from a table, as in
-llama.cpp. Tool-call formats are analysed by the tool-call layer, not here.
+llama.cpp. The tool-call format (tool_analysis.py) is found in the same pass, and its
+markers join the preserved tokens.
 """
 
 from __future__ import annotations
@@ -21,38 +22,29 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from edgeinfer.chat import peg
-from edgeinfer.chat.diff import MARKER, TEXT, diff_split, prune_whitespace, segmentize, trim
-from edgeinfer.chat.render import ChatTemplate, GenerationParams, direct_apply
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.chat.diff import MARKER, TEXT, prune_whitespace, segmentize, trim
+from edgeinfer.chat.probe import (
+    ANALYSIS_TOOLS,
+    ARG_FIRST,
+    ARG_SECOND,
+    ASSISTANT,
+    ASSISTANT_MSG,
+    FUN_FIRST,
+    THINKING_CONTENT,
+    USER,
+    USER_MSG,
+    USER_MSG_TWO,
+    Comparison,
+    Variant,
+    compare,
+    tool_call,
+)
+from edgeinfer.chat.render import ChatTemplate
+from edgeinfer.chat.tool_analysis import TOOL_TEMPLATE_PATCHES, ToolFormat, analyze_tools
 
 REASONING_NONE, REASONING_TAGS, REASONING_TOOLS_ONLY = "none", "tag_based", "tools_only"
 CONTENT_PLAIN, CONTENT_ALWAYS_WRAPPED, CONTENT_WRAPPED_WITH_REASONING = (
     "plain", "always_wrapped", "wrapped_with_reasoning")
-
-FUN_FIRST, FUN_SECOND = "FFF_FIRST_FUN_F", "SSS_SECOND_FUN_S"
-ARG_FIRST, ARG_SECOND = "AA_ARG_FST_AA", "BB_ARG_SND_BB"
-USER_MSG, USER_MSG_TWO = "U_USER_MSG Hello END_U", "V_USER_MSG Hello END_V"
-ASSISTANT_MSG = "A_ASST_MSG I can help END_A"
-THINKING_CONTENT = "REASON_PART I am thinking END_R"
-
-_PARAMS_SCHEMA = {
-    "type": "object",
-    "properties": {ARG_FIRST: {"type": "string", "description": "First argument"},
-                   ARG_SECOND: {"type": "string", "description": "Second argument"}},
-    "required": [],
-}
-ANALYSIS_TOOLS = [
-    {"type": "function", "function": {"name": name, "description": description,
-                                      "parameters": _PARAMS_SCHEMA}}
-    for name, description in ((FUN_FIRST, "Test function foo"), (FUN_SECOND, "Test function bar"))
-]
-_USER = {"role": "user", "content": USER_MSG}
-_ASSISTANT = {"role": "assistant", "content": ASSISTANT_MSG}
-
-
-def tool_call(name: str, arguments: dict, call_id: str = "call00001") -> dict:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": arguments}}
 
 
 @dataclass
@@ -69,6 +61,7 @@ class TemplateAnalysis:
     assistant_start: str = ""
     preserved_tokens: list[str] = field(default_factory=list)
     additional_stops: list[str] = field(default_factory=list)
+    tools: ToolFormat = field(default_factory=ToolFormat)
 
     @property
     def supports_thinking(self) -> bool:
@@ -78,49 +71,6 @@ class TemplateAnalysis:
     def content_always_wrapped(self) -> bool:
         return self.content_mode == CONTENT_ALWAYS_WRAPPED and bool(self.content_start) \
             and bool(self.content_end)
-
-
-@dataclass
-class _Variant:
-    """template_params."""
-
-    messages: list[dict]
-    tools: list[dict] | None = None
-    add_generation_prompt: bool = False
-    enable_thinking: bool = True
-
-
-@dataclass
-class _Comparison:
-    left: str
-    right: str
-    prefix: str
-    suffix: str
-    output_a: str
-    output_b: str
-
-
-def _apply(tmpl: ChatTemplate, variant: _Variant) -> str | None:
-    """apply_template: a failed rendering is None (llama.cpp's ERR_TMPL)."""
-    params = GenerationParams(messages=variant.messages, tools=variant.tools,
-                              add_generation_prompt=variant.add_generation_prompt,
-                              enable_thinking=variant.enable_thinking,
-                              extra_context={"enable_thinking": variant.enable_thinking})
-    try:
-        return direct_apply(tmpl, params)
-    except EdgeInferError:
-        return None
-
-
-def compare(tmpl: ChatTemplate, variant_a: _Variant,
-            modify: Callable[[_Variant], _Variant]) -> _Comparison | None:
-    """compare_variants: render A and its modified copy B and split their difference."""
-    output_a = _apply(tmpl, variant_a)
-    output_b = _apply(tmpl, modify(replace(variant_a)))
-    if output_a is None or output_b is None:
-        return None
-    split = diff_split(output_a, output_b)
-    return _Comparison(split.left, split.right, split.prefix, split.suffix, output_a, output_b)
 
 
 def _wrapped_parser(text: str, rest: bool = True) -> peg.Parser:
@@ -133,9 +83,9 @@ def _wrapped_parser(text: str, rest: bool = True) -> peg.Parser:
 # -- reasoning --------------------------------------------------------------------------------
 def _reasoning_presence(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
     """compare_reasoning_presence: markers around a past reasoning_content."""
-    with_reasoning = {**_ASSISTANT, "reasoning_content": THINKING_CONTENT}
-    result = compare(tmpl, _Variant([_USER, _ASSISTANT]),
-                     lambda v: replace(v, messages=[_USER, with_reasoning]))
+    with_reasoning = {**ASSISTANT, "reasoning_content": THINKING_CONTENT}
+    result = compare(tmpl, Variant([USER, ASSISTANT]),
+                     lambda v: replace(v, messages=[USER, with_reasoning]))
     if result is None or THINKING_CONTENT not in result.right:
         return
     parsed, tags = peg.extract_tags(_wrapped_parser(THINKING_CONTENT), result.output_b,
@@ -156,7 +106,7 @@ def _reasoning_presence(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
 def _thinking_toggle(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
     """compare_thinking_enabled: what enable_thinking adds to or removes from the
     generation prompt."""
-    result = compare(tmpl, _Variant([_USER], add_generation_prompt=True, enable_thinking=False),
+    result = compare(tmpl, Variant([USER], add_generation_prompt=True, enable_thinking=False),
                      lambda v: replace(v, enable_thinking=True))
     if result is None:
         return
@@ -177,7 +127,7 @@ def _thinking_toggle(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
         found.reasoning_mode = REASONING_TAGS
 
 
-def _thinking_toggle_by_anchor(result: _Comparison, found: TemplateAnalysis) -> None:
+def _thinking_toggle_by_anchor(result: Comparison, found: TemplateAnalysis) -> None:
     """When enable_thinking changes more than the tail (SmolLM3 rewrites its system
     message): one output's last 64 characters recur in the other, followed by exactly a
     start and an end marker."""
@@ -200,11 +150,11 @@ def _thinking_toggle_by_anchor(result: _Comparison, found: TemplateAnalysis) -> 
 
 def _reasoning_scope(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
     """compare_reasoning_scope: reasoning the template only writes beside tool calls."""
-    with_content = {**_ASSISTANT, "reasoning_content": THINKING_CONTENT}
+    with_content = {**ASSISTANT, "reasoning_content": THINKING_CONTENT}
     with_tools = {"role": "assistant", "content": None, "reasoning_content": THINKING_CONTENT,
                   "tool_calls": [tool_call(FUN_FIRST, {ARG_FIRST: "VVVV", ARG_SECOND: "XXXX"})]}
-    result = compare(tmpl, _Variant([_USER, with_content], tools=ANALYSIS_TOOLS),
-                     lambda v: replace(v, messages=[_USER, with_tools]))
+    result = compare(tmpl, Variant([USER, with_content], tools=ANALYSIS_TOOLS),
+                     lambda v: replace(v, messages=[USER, with_tools]))
     if result is None or THINKING_CONTENT in result.output_a \
             or THINKING_CONTENT not in result.output_b:
         return
@@ -227,12 +177,12 @@ def _reasoning_scope(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
 # -- content ----------------------------------------------------------------------------------
 def _content(tmpl: ChatTemplate, found: TemplateAnalysis) -> None:
     """analyze_content: markers the template writes around every content."""
-    base = _Variant([_USER, _ASSISTANT], tools=ANALYSIS_TOOLS)
+    base = Variant([USER, ASSISTANT], tools=ANALYSIS_TOOLS)
     with_tools = {"role": "assistant", "content": "",
                   "tool_calls": [tool_call("test_func", {"arg1": "value1"})]}
     with_reasoning = {"role": "assistant", "content": "", "reasoning_content": THINKING_CONTENT}
-    by_tools = compare(tmpl, base, lambda v: replace(v, messages=[_USER, with_tools]))
-    by_reasoning = compare(tmpl, base, lambda v: replace(v, messages=[_USER, with_reasoning]))
+    by_tools = compare(tmpl, base, lambda v: replace(v, messages=[USER, with_tools]))
+    by_reasoning = compare(tmpl, base, lambda v: replace(v, messages=[USER, with_reasoning]))
     if by_tools is None or by_reasoning is None:
         return
     if not (trim(by_tools.left) == ASSISTANT_MSG and _is_plain(by_reasoning.left, found)):
@@ -263,7 +213,7 @@ def _is_plain(reasoning_left: str, found: TemplateAnalysis) -> bool:
 def _assistant_start(tmpl: ChatTemplate, found: TemplateAnalysis) -> str:
     """detect_assistant_start_marker: what precedes an assistant message, reasoning
     markers cut off."""
-    result = compare(tmpl, _Variant([_USER]), lambda v: replace(v, messages=[_USER, _ASSISTANT]))
+    result = compare(tmpl, Variant([USER]), lambda v: replace(v, messages=[USER, ASSISTANT]))
     if result is None:
         return ""
     head = result.right.split(ASSISTANT_MSG, 1)[0]
@@ -276,11 +226,11 @@ def _assistant_start(tmpl: ChatTemplate, found: TemplateAnalysis) -> str:
 def _user_start(tmpl: ChatTemplate) -> str:
     """detect_user_start_marker: the markers that open a user message, leading end-of-turn
     markers skipped."""
-    result = compare(tmpl, _Variant([]), lambda v: replace(v, messages=[_USER]))
+    result = compare(tmpl, Variant([]), lambda v: replace(v, messages=[USER]))
     if result is None:
         second = {"role": "user", "content": USER_MSG_TWO}
-        result = compare(tmpl, _Variant([second, _ASSISTANT]),
-                         lambda v: replace(v, messages=[second, _ASSISTANT, _USER]))
+        result = compare(tmpl, Variant([second, ASSISTANT]),
+                         lambda v: replace(v, messages=[second, ASSISTANT, USER]))
         if result is None:
             return ""
     text = result.right
@@ -380,10 +330,11 @@ KNOWN_TEMPLATE_PATCHES: tuple[Callable[[str, TemplateAnalysis], None], ...] = (
 
 
 def _preserved_tokens(found: TemplateAnalysis) -> list[str]:
-    """collect_preserved_tokens for the reasoning and content markers: trimmed, unique."""
+    """collect_preserved_tokens: the reasoning, content and tool-call markers, trimmed,
+    unique."""
     tokens: list[str] = []
     for marker in (found.reasoning_start, found.reasoning_end, found.content_start,
-                   found.content_end):
+                   found.content_end, *found.tools.markers()):
         if trim(marker) and trim(marker) not in tokens:
             tokens.append(trim(marker))
     return tokens
@@ -398,17 +349,22 @@ def _analyze(source: str, bos_token: str, eos_token: str) -> TemplateAnalysis:
     if tmpl.caps.supports_tool_calls:
         _reasoning_scope(tmpl, found)
     _content(tmpl, found)
+    if tmpl.caps.supports_tool_calls:
+        found.tools = analyze_tools(tmpl, found.reasoning_start, found.reasoning_end)
     found.assistant_start = _assistant_start(tmpl, found)
     found.user_start = _user_start(tmpl)
     found.preserved_tokens = _preserved_tokens(found)
     for patch in KNOWN_TEMPLATE_PATCHES:
         patch(source, found)
+    for tool_patch in TOOL_TEMPLATE_PATCHES:
+        tool_patch(source, found.tools)
     return found
 
 
 def analyze_template(tmpl: ChatTemplate) -> TemplateAnalysis:
-    """autoparser::analyze_template without the tool-call analysis (cached per template;
-    the result is a copy the caller may change)."""
+    """autoparser::analyze_template (cached per template; the result is a copy the caller
+    may change)."""
     found = _analyze(tmpl.source, tmpl.bos_token, tmpl.eos_token)
     return replace(found, preserved_tokens=list(found.preserved_tokens),
+                   tools=replace(found.tools, parameter_order=list(found.tools.parameter_order)),
                    additional_stops=list(found.additional_stops))

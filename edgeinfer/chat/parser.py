@@ -27,22 +27,29 @@ marker cut by the end of the text is held back until it completes (peg.py).
 
 With --no-jinja there is no grammar: everything generated is content.
 
-Tool-call formats plug in through TOOL_PARSERS: a function from the syntax and the
-reasoning parser to the body grammar, one module per format.
+With tools (and tool_choice not "none", and a template that renders tool calls), the body
+is the tool-call format's grammar instead (tool_parser.py: content up to the call marker,
+then the calls); the mapper (mapper.py) turns its tags into the message, tool calls
+included. ChatParser also gives each call an id, once, as llama-server does.
 """
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgeinfer.chat import peg
 from edgeinfer.chat.analysis import REASONING_NONE, REASONING_TAGS, REASONING_TOOLS_ONLY
 from edgeinfer.chat.diff import trim
+from edgeinfer.chat.mapper import CONTENT as CONTENT_TAG
+from edgeinfer.chat.mapper import REASONING as REASONING_TAG
+from edgeinfer.chat.mapper import message_from_tree, with_ids
 from edgeinfer.chat.message import ChatMsg, MsgDiff, msg_diffs
+from edgeinfer.chat.tool_analysis import ToolFormat
+from edgeinfer.chat.tool_parser import TOOL_PARSERS
 from edgeinfer.errors import EdgeInferError
-
-REASONING_TAG, CONTENT_TAG = "reasoning", "content"
 
 # Output formats (common_chat_format): no grammar; the generic grammar; everything after the
 # generation prompt is content (--skip-chat-parsing).
@@ -63,7 +70,9 @@ class ChatSyntax:
     the grammar expects before the reasoning. `reasoning_*` come from the template analysis,
     `content_start`/`content_end` are set only when the template always wraps content.
     `is_continuation`: the prompt ends in a continued assistant message, whose text is part
-    of `generation_prompt`."""
+    of `generation_prompt`. `tools` (OpenAI tool JSON) are set only when calls are parsed:
+    the request has tools, tool_choice is not "none" and the template renders calls;
+    `tool_format` is the template's call format, `tool_choice` "auto" or "required"."""
 
     format: str = FORMAT_CONTENT_ONLY
     generation_prompt: str = ""
@@ -75,8 +84,10 @@ class ChatSyntax:
     content_start: str = ""
     content_end: str = ""
     is_continuation: bool = False
-    tool_format: str = ""
+    tool_format: ToolFormat | None = None
     tools: tuple[dict, ...] = ()
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = False
 
     @property
     def extracting_reasoning(self) -> bool:
@@ -91,10 +102,6 @@ class ChatSyntax:
         tail = self.generation_prompt[len(self.prefix):]
         start, end = trim(self.reasoning_start), trim(self.reasoning_end)
         return bool(start) and tail.startswith(start) and not (end and end in tail)
-
-
-# tool format name -> (syntax, reasoning parser) -> the grammar after the prefix
-TOOL_PARSERS: dict[str, Callable[[ChatSyntax, peg.Parser], peg.Parser]] = {}
 
 
 def reasoning_parser(syntax: ChatSyntax) -> peg.Parser:
@@ -128,8 +135,8 @@ def build_parser(syntax: ChatSyntax) -> peg.Parser:
     if syntax.format == FORMAT_PURE_CONTENT:
         return peg.literal(syntax.generation_prompt) << peg.tag(CONTENT_TAG, peg.rest())
     reasoning = reasoning_parser(syntax)
-    tool_body = TOOL_PARSERS.get(syntax.tool_format)
-    if syntax.tools and tool_body is not None:
+    tool_body = tool_body_parser(syntax)
+    if tool_body is not None:
         return peg.literal(syntax.prefix) << tool_body(syntax, reasoning)
     body = content_parser(syntax, reasoning)
     if syntax.reasoning_mode == REASONING_NONE:
@@ -137,19 +144,13 @@ def build_parser(syntax: ChatSyntax) -> peg.Parser:
     return peg.literal(syntax.prefix) << body
 
 
-def _message(result: peg.Result) -> ChatMsg:
-    """common_chat_peg_mapper: reasoning and content nodes concatenated in order; reasoning
-    that is only whitespace (an empty <think></think>) is dropped."""
-    content, reasoning = [], []
-    for node in peg.walk(result.nodes):
-        if node.tag == CONTENT_TAG:
-            content.append(node.text)
-        elif node.tag == REASONING_TAG:
-            reasoning.append(node.text)
-    reasoning_text = "".join(reasoning)
-    if not reasoning_text.strip(" \n\r\t"):
-        reasoning_text = ""
-    return ChatMsg(content="".join(content), reasoning_content=reasoning_text)
+def tool_body_parser(syntax: ChatSyntax) -> Callable | None:
+    """The builder of the tool-call grammar, when calls are parsed and their format is
+    known. (llama.cpp builds an empty grammar for a format it could not analyse, so that
+    such a template fails with tools; here its output is read as content.)"""
+    if not syntax.tools or syntax.tool_format is None:
+        return None
+    return TOOL_PARSERS.get(syntax.tool_format.mode)
 
 
 def parse_output(parser: peg.Parser, syntax: ChatSyntax, text: str, partial: bool) -> ChatMsg:
@@ -161,22 +162,38 @@ def parse_output(parser: peg.Parser, syntax: ChatSyntax, text: str, partial: boo
             return ChatMsg()
         raise ChatParseError("The model produced output that does not match the expected "
                              f"{syntax.format} format")
-    return _message(result)
+    return message_from_tree(result)
+
+
+_ID_CHARS = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def gen_tool_call_id() -> str:
+    """llama-server's gen_tool_call_id: 32 random letters and digits."""
+    return "".join(random.SystemRandom().choice(_ID_CHARS) for _ in range(32))
 
 
 class ChatParser:
     """Feeds on generated text piece by piece and says what each piece added.
 
     `feed(piece)` returns the MsgDiffs since the previous piece (reasoning first, then
-    content; a marker still incomplete yields nothing yet); `finish()` parses the whole text
-    as complete and returns the last diffs; `message` is the message so far. With a continued
-    assistant message, its prefilled text is part of `message` from the start but is not
-    sent as a diff unless `echo` (llama.cpp's task_result_state)."""
+    content, then tool calls: a call appears with its name and id once its name is complete,
+    then its arguments grow; a marker still incomplete yields nothing yet); `finish()` parses
+    the whole text as complete and returns the last diffs; `message` is the message so far.
+    With a continued assistant message, its prefilled text is part of `message` from the
+    start but is not sent as a diff unless `echo` (llama.cpp's task_result_state).
 
-    def __init__(self, syntax: ChatSyntax, *, echo: bool = False):
+    `tool_call_id` makes the id of a call the model did not give one (a new one per call,
+    kept for the whole stream, as llama-server's set_tool_call_ids); None leaves ids as
+    parsed (llama.cpp's parser tests)."""
+
+    def __init__(self, syntax: ChatSyntax, *, echo: bool = False,
+                 tool_call_id: Callable[[], str] | None = gen_tool_call_id):
         self.syntax = syntax
         self.text = ""
         self._parser = build_parser(syntax)
+        self._new_id = tool_call_id
+        self._ids: list[str] = []
         self.message = ChatMsg()
         if syntax.is_continuation and not echo:
             self.message = parse_output(self._parser, syntax, "", partial=True)
@@ -194,6 +211,8 @@ class ChatParser:
         new = parse_output(self._parser, self.syntax, self.text, partial)
         if new.empty():
             return []
+        if self._new_id is not None:
+            new = with_ids(new, self._ids, self._new_id)
         diffs = msg_diffs(self.message, new)
         self.message = new
         return diffs

@@ -16,10 +16,15 @@ built with the functions below and combined with `+` (sequence), `|` (choice) an
 (sequence with optional whitespace between), as in the C++ builder. Strings are Python
 strings, so positions count code points where llama.cpp counts UTF-8 bytes; the server
 decodes tokens to complete characters before they reach a parser.
+
+A parser is also the source of the grammar that constrains generation (grammar.py):
+`rule(name, p, trigger)` names a part of it (trigger rules are where a lazy grammar
+starts) and `schema(p, name, schema)` says that `p` (a JSON value) follows a JSON schema.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -237,6 +242,251 @@ class _Peek(Parser):
         return Result(self.child.parse(ctx, pos).status, pos, pos)
 
 
+class _Not(Parser):
+    """Negative lookahead: succeeds without consuming when the child fails; a child that
+    needs more input makes it need more input too."""
+
+    def __init__(self, child: Parser):
+        self.child = child
+
+    def parse(self, ctx, pos):
+        result = self.child.parse(ctx, pos)
+        if result.success:
+            return Result(Status.FAIL, pos, pos)
+        status = Status.NEED_MORE if result.status is Status.NEED_MORE else Status.SUCCESS
+        return Result(status, pos, pos)
+
+
+class _Any(Parser):
+    def parse(self, ctx, pos):
+        if pos < len(ctx.text):
+            return Result(Status.SUCCESS, pos, pos + 1)
+        return Result(Status.NEED_MORE if ctx.lenient else Status.FAIL, pos, pos)
+
+
+class _Chars(Parser):
+    """`count` characters of a class (`pattern` is a regex character class such as
+    "[0-9]"); the end of the input is incomplete, not a mismatch (common_peg_chars_parser)."""
+
+    def __init__(self, pattern: str, min_count: int, max_count: int):
+        self.pattern, self.min_count, self.max_count = pattern, min_count, max_count
+        self._class = re.compile(pattern)
+
+    def parse(self, ctx, pos):
+        start, count, text = pos, 0, ctx.text
+        while self.max_count == -1 or count < self.max_count:
+            if pos >= len(text):
+                if count >= self.min_count:
+                    return Result(Status.SUCCESS, start, pos)
+                return Result(Status.NEED_MORE if ctx.lenient else Status.FAIL, start, pos)
+            if not self._class.fullmatch(text[pos]):
+                break
+            pos, count = pos + 1, count + 1
+        if count < self.min_count:
+            return Result(Status.FAIL, start, pos)
+        return Result(Status.SUCCESS, start, pos)
+
+
+class _StringContent(Parser):
+    """The inside of a quoted string up to the unescaped closing `delimiter` (not consumed);
+    an escape cut by the end of the input is held back (common_peg_string_parser)."""
+
+    _SIMPLE_ESCAPES = frozenset('\\/bfnrt')
+
+    def __init__(self, delimiter: str):
+        self.delimiter = delimiter
+
+    def parse(self, ctx, pos):
+        text, start = ctx.text, pos
+        while pos < len(text):
+            char = text[pos]
+            if char == self.delimiter:
+                return Result(Status.SUCCESS, start, pos)
+            if char != "\\":
+                pos += 1
+                continue
+            escape = self._escape(text, pos)
+            if escape is None:
+                return Result(Status.FAIL, start, start)
+            if escape == pos:  # cut by the end of the input: hold the backslash back
+                return Result(Status.NEED_MORE if ctx.lenient else Status.FAIL, start, pos)
+            pos = escape
+        return Result(Status.NEED_MORE if ctx.lenient else Status.FAIL, start, pos)
+
+    def _escape(self, text: str, pos: int) -> int | None:
+        """Where the escape at `pos` ends: `pos` itself when the input ends inside it, None
+        when it is invalid."""
+        if pos + 1 >= len(text):
+            return pos
+        kind = text[pos + 1]
+        if kind == self.delimiter or kind in self._SIMPLE_ESCAPES:
+            return pos + 2
+        if kind != "u":
+            return None
+        digits = text[pos + 2:pos + 6]
+        if not all(c in "0123456789abcdefABCDEF" for c in digits):
+            return None
+        return pos + 6 if len(digits) == 4 else pos
+
+
+class _Rule(Parser):
+    """A named part of the grammar; `trigger` rules are where a lazy grammar starts."""
+
+    def __init__(self, name: str, child: Parser, trigger: bool = False):
+        self.name, self.child, self.trigger = name, child, trigger
+
+    def parse(self, ctx, pos):
+        return self.child.parse(ctx, pos)
+
+
+class _Schema(Parser):
+    """A JSON value parsed by `child` whose grammar is the JSON schema `schema`."""
+
+    def __init__(self, child: Parser, name: str, schema: dict):
+        self.child, self.name, self.schema = child, name, schema
+
+    def parse(self, ctx, pos):
+        return self.child.parse(ctx, pos)
+
+
+class _Through(Parser):
+    """Parses as `child`; its grammar is "any text up to and including the first
+    `delimiter`" (common_peg_ac_parser), for a value that runs to a closing marker."""
+
+    def __init__(self, child: Parser, delimiter: str):
+        self.child, self.delimiter = child, delimiter
+
+    def parse(self, ctx, pos):
+        return self.child.parse(ctx, pos)
+
+
+class _JsonValue(Parser):
+    """A JSON value scanned directly. Statuses and end positions are those of llama.cpp's
+    combinators: a literal, string or number cut by the end of the input needs more (a
+    number even when complete, as "3" may become "3.14"); an unfinished object or array
+    needs more at the end of the input; optional parts are not tried there."""
+
+    _DIGITS = frozenset("0123456789")
+    _NUMBER_CHARS = frozenset("0123456789.eE+-")
+
+    def parse(self, ctx, pos):
+        try:
+            status, end = self._value(ctx, pos)
+        except RecursionError:
+            status, end = Status.FAIL, pos
+        return Result(status, pos, end)
+
+    def _value(self, ctx, pos):
+        text = ctx.text
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        char = text[pos]
+        if char == "{":
+            return self._container(ctx, pos, "}", member=True)
+        if char == "[":
+            return self._container(ctx, pos, "]", member=False)
+        if char == '"':
+            return self._string(ctx, pos)
+        if char == "-" or char in self._DIGITS:
+            return self._number(ctx, pos)
+        for word in ("true", "false", "null"):
+            result = _Literal(word).parse(ctx, pos)
+            if not result.fail:
+                return result.status, result.end
+        return Status.FAIL, pos
+
+    @staticmethod
+    def _more(ctx, pos, end):
+        return (Status.NEED_MORE, end) if ctx.lenient else (Status.FAIL, pos)
+
+    @staticmethod
+    def _space(text, pos):
+        while pos < len(text) and text[pos] in SPACE_CHARS:
+            pos += 1
+        return pos
+
+    def _container(self, ctx, pos, close, member):
+        """`{ members }` or `[ elements ]` with llama.cpp's optional-part rules."""
+        text, start = ctx.text, pos
+        pos = self._space(text, pos + 1)
+        if pos >= len(text):
+            return self._more(ctx, start, len(text))
+        if text[pos] == close:
+            return Status.SUCCESS, pos + 1
+        status, pos = self._item(ctx, pos, member)
+        while status is Status.SUCCESS and pos < len(text):
+            after = self._space(text, pos)
+            if after >= len(text):
+                return self._more(ctx, start, len(text))
+            if text[after] != ",":
+                break
+            status, pos = self._item(ctx, self._space(text, after + 1), member)
+        if status is not Status.SUCCESS:
+            return status, pos
+        pos = self._space(text, pos)
+        if pos >= len(text):
+            return self._more(ctx, start, len(text))
+        return (Status.SUCCESS, pos + 1) if text[pos] == close else (Status.FAIL, pos)
+
+    def _item(self, ctx, pos, member):
+        if not member:
+            return self._value(ctx, pos)
+        text = ctx.text
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        if text[pos] != '"':
+            return Status.FAIL, pos
+        status, pos = self._string(ctx, pos)
+        if status is not Status.SUCCESS:
+            return status, pos
+        pos = self._space(text, pos)
+        if pos >= len(text):
+            return self._more(ctx, pos, len(text))
+        if text[pos] != ":":
+            return Status.FAIL, pos
+        return self._value(ctx, self._space(text, pos + 1))
+
+    def _string(self, ctx, pos):
+        result = _StringContent('"').parse(ctx, pos + 1)
+        if result.status is not Status.SUCCESS:
+            return result.status, result.end
+        return Status.SUCCESS, result.end + 1
+
+    def _number(self, ctx, pos):
+        text, start = ctx.text, pos
+        if text[pos] == "-":
+            pos += 1
+            if pos >= len(text):
+                return self._more(ctx, start, len(text))
+        if text[pos] == "0":
+            pos += 1
+        elif text[pos] in self._DIGITS:
+            pos = self._digits(text, pos)
+        else:
+            return Status.FAIL, pos
+        for marker, signs in ((".", ""), ("eE", "+-")):
+            if pos < len(text) and text[pos] in marker:
+                pos += 1
+                if signs and pos < len(text) and text[pos] in signs:
+                    pos += 1
+                if pos >= len(text):
+                    return self._more(ctx, start, len(text))
+                if text[pos] not in self._DIGITS:
+                    return Status.FAIL, pos
+                pos = self._digits(text, pos)
+        if pos >= len(text):  # the next character could still extend it
+            return (Status.NEED_MORE, pos) if ctx.lenient else (Status.SUCCESS, pos)
+        return (Status.FAIL, pos) if text[pos] in self._NUMBER_CHARS else (Status.SUCCESS, pos)
+
+    def _digits(self, text, pos):
+        while pos < len(text) and text[pos] in self._DIGITS:
+            pos += 1
+        return pos
+
+
+_JSON_VALUE = _Rule("json-value", _JsonValue())
+
+
 def eps() -> Parser:
     return _Eps()
 
@@ -297,6 +547,39 @@ def peek(item: Parser | str) -> Parser:
     return _Peek(_as_parser(item))
 
 
+def negate(item: Parser | str) -> Parser:
+    return _Not(_as_parser(item))
+
+
+def any_char() -> Parser:
+    return _Any()
+
+
+def chars(pattern: str, min_count: int = 1, max_count: int = -1) -> Parser:
+    return _Chars(pattern, min_count, max_count)
+
+
+def string_content(delimiter: str) -> Parser:
+    return _StringContent(delimiter)
+
+
+def rule(name: str, item: Parser | str, trigger: bool = False) -> Parser:
+    return _Rule(name, _as_parser(item), trigger)
+
+
+def trigger_rule(name: str, item: Parser | str) -> Parser:
+    return _Rule(name, _as_parser(item), True)
+
+
+def schema(item: Parser, name: str, json_schema: dict) -> Parser:
+    return _Schema(item, name, json_schema)
+
+
+def through(item: Parser, delimiter: str) -> Parser:
+    """llama.cpp's `ac(p, delimiter)`."""
+    return _Through(item, delimiter)
+
+
 def marker() -> Parser:
     """`<...>` or `[...]`: what llama.cpp's template analysis calls a marker."""
     return choice(literal("<") + until(">") + ">", literal("[") + until("]") + "]")
@@ -311,6 +594,29 @@ def optspace(text: str) -> Parser:
     lead = text[: len(text) - len(text.lstrip(SPACE_CHARS))]
     trail = text[len(text.rstrip(SPACE_CHARS)):]
     return seq(*(optional(c) for c in lead), core, *(optional(c) for c in trail))
+
+
+# -- JSON (common_peg_parser_builder::json and friends) ----------------------------------------
+def json_string() -> Parser:
+    return rule("json-string", seq('"', string_content('"'), '"'))
+
+
+def json_number() -> Parser:
+    """The number is only complete when the next character cannot extend it, so "3" at the
+    end of a stream waits for a possible ".14"."""
+    int_part = choice("0", seq(chars("[1-9]", 1, 1), chars("[0-9]", 0, -1)))
+    frac = seq(".", chars("[0-9]"))
+    exp = seq(choice("e", "E"), optional(chars("[+-]", 1, 1)), chars("[0-9]"))
+    return rule("json-number", seq(optional("-"), int_part, optional(frac), optional(exp),
+                                   negate(chars("[0-9.eE+-]", 1, 1))))
+
+
+def json_value() -> Parser:
+    """Any JSON value, leniently: an object or array cut by the end of the input needs more.
+    One scanner (_JsonValue) with the semantics of llama.cpp's combinator grammar
+    (json_object, json_array, json_string, json_number, json_bool, json_null), which is
+    quadratic to re-run in Python on every streamed piece."""
+    return _JSON_VALUE
 
 
 def walk(nodes: list[Node]):

@@ -11,7 +11,10 @@ Building (Jinja): messages become the JSON the template reads and are shaped for
 (a system message it ignores is merged into the next one, tool-call arguments parsed when it
 reads their fields, "developer" becomes "system"); a continued final message is left out of
 the rendering and appended after the generation prompt; the template's reasoning markers
-(analysis.py) and the generation prompt make the ChatSyntax the output parser needs.
+and tool-call format (analysis.py, tool_analysis.py) and the generation prompt make the
+ChatSyntax the output parser needs. With tools, the same parser gives the grammar that
+constrains the calls (grammar.py), lazy under tool_choice "auto" (from the call marker
+on), from the first token under "required" (peg_generator::generate_parser).
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from typing import Any
 from edgeinfer.chat import legacy
 from edgeinfer.chat.analysis import REASONING_NONE, TemplateAnalysis, analyze_template
 from edgeinfer.chat.diff import trim
+from edgeinfer.chat.grammar import GrammarTrigger, lark_grammar
 from edgeinfer.chat.message import ChatMsg
 from edgeinfer.chat.parser import (
     FORMAT_CONTENT_ONLY,
     FORMAT_PEG,
     FORMAT_PURE_CONTENT,
     ChatSyntax,
+    build_parser,
+    tool_body_parser,
 )
 from edgeinfer.chat.render import (
     CONTINUE_AUTO,
@@ -78,13 +84,16 @@ class ChatTool:
 @dataclass
 class ChatTemplates:
     """common_chat_templates: the default template, the tool-use one if the model has it,
-    and whether the tokenizer adds BOS/EOS itself (then a template's own is cut off)."""
+    and whether the tokenizer adds BOS/EOS itself (then a template's own is cut off).
+    `special_tokens` (text -> id) are the vocabulary's tokens that grammars must name by id
+    (llguidance matches special tokens by id, never as text)."""
 
     default: ChatTemplate
     tool_use: ChatTemplate | None = None
     add_bos: bool = False
     add_eos: bool = False
     explicit: bool = False  # a template was given or found in the model
+    special_tokens: dict[str, int] = field(default_factory=dict)
 
     def source(self, variant: str = "") -> str:
         if variant == "tool_use":
@@ -94,11 +103,13 @@ class ChatTemplates:
 
 def init_templates(override: str = "", *, model_template: str | None = None,
                    model_tool_use_template: str | None = None, bos_token: str = "",
-                   eos_token: str = "", add_bos: bool = False,
-                   add_eos: bool = False) -> ChatTemplates:
+                   eos_token: str = "", add_bos: bool = False, add_eos: bool = False,
+                   special_tokens: dict[str, int] | None = None) -> ChatTemplates:
     """common_chat_templates_init. `override`: --chat-template's value or the contents of
     --chat-template-file; `model_*`: the GGUF's tokenizer.chat_template(.tool_use);
-    `bos_token`/`eos_token`: the vocabulary's BOS/EOS as text ("" when it has none)."""
+    `bos_token`/`eos_token`: the vocabulary's BOS/EOS as text ("" when it has none);
+    `special_tokens`: the text and id of each token llguidance treats as special (those
+    its tokenizer marks special), for the tool-call grammars."""
     default_src = override or (model_template or "")
     tool_use_src = "" if override else (model_tool_use_template or "")
     explicit = bool(override or model_template or model_tool_use_template)
@@ -116,16 +127,19 @@ def init_templates(override: str = "", *, model_template: str | None = None,
         except EdgeInferError:
             tool_use = None  # llama.cpp ignores a tool-use template that does not parse
     return ChatTemplates(ChatTemplate(default_src, bos_token, eos_token), tool_use,
-                         add_bos, add_eos, explicit)
+                         add_bos, add_eos, explicit, dict(special_tokens or {}))
 
 
 @dataclass
 class ChatInputs:
-    """common_chat_templates_inputs. `chat_template_kwargs` values are decoded JSON."""
+    """common_chat_templates_inputs. `chat_template_kwargs` values are decoded JSON.
+    `tool_choice` is "auto", "none" or "required"; `named_function` (with "required") limits
+    the calls to one of the tools, which are all rendered (OpenAI's named tool_choice)."""
 
     messages: list[ChatMsg] = field(default_factory=list)
     tools: list[ChatTool] = field(default_factory=list)
     tool_choice: str = "auto"
+    named_function: str = ""
     json_schema: dict | None = None
     grammar: str = ""
     add_generation_prompt: bool = True
@@ -146,12 +160,23 @@ class ChatPrompt:
     `syntax` goes to ChatParser. `generation_prompt` is the tail of `prompt` the model
     continues from. `thinking_start_tag`/`thinking_end_tags` are the trimmed reasoning
     markers (for a reasoning budget), `message_delimiters` the (role, marker) pairs that
-    open turns, `specialized` the llama.cpp handler this template would get (handled
-    generically here)."""
+    open turns, `specialized` the llama.cpp handler this template would get (reasoning and
+    content are read generically here, tool calls not at all).
+
+    Tool calls: `grammar` is an llguidance Lark grammar ("" for none). Lazy
+    (`grammar_lazy`, tool_choice "auto"): unconstrained until one of `grammar_triggers`
+    (words) appears in the generated text outside reasoning; the grammar is then fed the
+    text from the trigger's first character. Not lazy ("required", a named function): it
+    applies from the first token, after being fed `generation_prompt` (its root starts
+    with the prompt's tail). `preserved_tokens` are special tokens the detokenizer must
+    write as text for the parser to see them."""
 
     prompt: str
     syntax: ChatSyntax = field(default_factory=ChatSyntax)
     generation_prompt: str = ""
+    grammar: str = ""
+    grammar_lazy: bool = False
+    grammar_triggers: tuple[GrammarTrigger, ...] = ()
     supports_thinking: bool = False
     thinking_start_tag: str = ""
     thinking_end_tags: tuple[str, ...] = ()
@@ -159,6 +184,12 @@ class ChatPrompt:
     additional_stops: tuple[str, ...] = ()
     message_delimiters: tuple[tuple[str, str], ...] = ()
     specialized: str | None = None
+
+    @property
+    def grammar_prefill(self) -> str:
+        """The text a non-lazy grammar is fed before the generated text (llama.cpp's
+        prefill of the generation prompt's tokens); "" when there is none to feed."""
+        return self.generation_prompt if self.grammar and not self.grammar_lazy else ""
 
 
 def prepare_chat(templates: ChatTemplates, inputs: ChatInputs) -> ChatPrompt:
@@ -199,7 +230,7 @@ def _apply_jinja(templates: ChatTemplates, inputs: ChatInputs) -> ChatPrompt:
         messages = [_trimmed(m) for m in messages]  # StepFun: stray whitespace makes it loop
     params = GenerationParams(
         messages=normalize_messages([m.to_json() for m in messages], tmpl.caps),
-        tools=tools, tool_choice=inputs.tool_choice, json_schema=inputs.json_schema,
+        tools=tools, tool_choice=_tool_choice(inputs), json_schema=inputs.json_schema,
         parallel_tool_calls=inputs.parallel_tool_calls,
         reasoning_format=inputs.reasoning_format, enable_thinking=inputs.enable_thinking,
         add_generation_prompt=inputs.add_generation_prompt, add_bos=templates.add_bos,
@@ -211,7 +242,18 @@ def _apply_jinja(templates: ChatTemplates, inputs: ChatInputs) -> ChatPrompt:
         raise EdgeInferError("Cannot specify grammar with tools")
     if inputs.force_pure_content:
         return _pure_content(tmpl, params)
-    return _generic(tmpl, params, detect_specialized(tmpl.source))
+    prompt = _generic(tmpl, params, detect_specialized(tmpl.source), inputs.named_function)
+    return _with_tool_grammar(prompt, templates.special_tokens)
+
+
+def _tool_choice(inputs: ChatInputs) -> str:
+    """A named function is a required call of that function."""
+    if not inputs.named_function:
+        return inputs.tool_choice
+    if all(tool.name != inputs.named_function for tool in inputs.tools):
+        raise EdgeInferError(f"tool_choice names a function that is not in tools: "
+                             f"{inputs.named_function}")
+    return "required"
 
 
 def _trimmed(msg: ChatMsg) -> ChatMsg:
@@ -291,9 +333,15 @@ def _pure_content(tmpl: ChatTemplate, params: GenerationParams) -> ChatPrompt:
     return ChatPrompt(prompt, syntax, gen)
 
 
-def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | None) -> ChatPrompt:
-    """peg_generator::generate_parser with the template analysis."""
+def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | None,
+             named_function: str = "") -> ChatPrompt:
+    """peg_generator::generate_parser with the template analysis. A template llama.cpp
+    gives a dedicated handler (`specialized`) gets no tool format: the generic one its
+    analysis finds is often wrong (Gemma 4, Kimi, MiniMax M3, ...), so its output is read
+    as reasoning and content, with no grammar and no tool markers preserved."""
     found = analyze_template(tmpl)
+    if specialized:
+        found = _without_tool_markers(found)
     prompt = direct_apply(tmpl, params)
     gen = parser_gen = generation_prompt(tmpl, params)
     if params.has_continuation:
@@ -309,8 +357,47 @@ def _generic(tmpl: ChatTemplate, params: GenerationParams, specialized: str | No
         content_start=found.content_start if found.content_always_wrapped else "",
         content_end=found.content_end if found.content_always_wrapped else "",
         is_continuation=params.continue_final_message != CONTINUE_NONE,
-        tools=tuple(params.tools or ()) if params.tool_choice != "none" else ())
+        tool_format=found.tools if found.tools.mode and not specialized else None,
+        tools=_parsed_tools(params, tmpl, named_function), tool_choice=params.tool_choice,
+        parallel_tool_calls=params.parallel_tool_calls)
     return ChatPrompt(prompt, syntax, gen, **_thinking_fields(found), specialized=specialized)
+
+
+def _without_tool_markers(found: TemplateAnalysis) -> TemplateAnalysis:
+    kept = {trim(m) for m in (found.reasoning_start, found.reasoning_end, found.content_start,
+                              found.content_end)}
+    tool_only = {trim(m) for m in found.tools.markers()} - kept
+    return replace(found, preserved_tokens=[t for t in found.preserved_tokens
+                                            if t not in tool_only])
+
+
+def _parsed_tools(params: GenerationParams, tmpl: ChatTemplate,
+                  named_function: str) -> tuple[dict, ...]:
+    """The tools the output parser reads calls of: none under tool_choice "none" or for a
+    template that renders no tool calls; only the named function under a named choice."""
+    if not params.tools or params.tool_choice == "none" or not tmpl.caps.supports_tool_calls:
+        return ()
+    return tuple(tool for tool in params.tools
+                 if not named_function or tool["function"]["name"] == named_function)
+
+
+def _with_tool_grammar(prompt: ChatPrompt, special_tokens: dict[str, int]) -> ChatPrompt:
+    """The grammar of the calls (generate_parser's include_grammar): lazy from the format's
+    call marker under "auto" (no marker, no grammar: Llama 3.x's bare JSON), whole under
+    "required". The OpenAI wrapper some models write is a second trigger."""
+    syntax = prompt.syntax
+    if tool_body_parser(syntax) is None:
+        return prompt
+    fmt, lazy = syntax.tool_format, syntax.tool_choice == "auto"
+    if lazy and not fmt.trigger:
+        return prompt
+    grammar = lark_grammar(build_parser(syntax), lazy=lazy, special_tokens=special_tokens)
+    triggers = ()
+    if lazy:
+        triggers = (GrammarTrigger("word", fmt.trigger),)
+        if fmt.openai_wrapper_trigger:
+            triggers += (GrammarTrigger("word", '{"type": "function",'),)
+    return replace(prompt, grammar=grammar, grammar_lazy=lazy, grammar_triggers=triggers)
 
 
 def _continued_generation_prompt(gen: str, params: GenerationParams,

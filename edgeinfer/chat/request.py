@@ -265,12 +265,17 @@ def chat_inputs(body: dict, settings: ChatSettings,
         raise ChatRequestError(f"Invalid tool_choice: {tool_choice}")
     inputs = ChatInputs(messages=messages_from_json(body["messages"]),
                         tools=tools_from_json(tools_json), tool_choice=tool_choice,
+                        named_function=named_function(body.get("tool_choice"))
+                        if settings.use_jinja else "",
                         grammar=body.get("grammar") or "", use_jinja=settings.use_jinja,
                         parallel_tool_calls=_value(body, "parallel_tool_calls",
                                                    parallel_default),
                         add_generation_prompt=_value(body, "add_generation_prompt", True),
                         reasoning_format=settings.reasoning_format,
                         force_pure_content=settings.force_pure_content)
+    if inputs.named_function and not any(t.name == inputs.named_function for t in inputs.tools):
+        raise ChatRequestError(f"Invalid tool_choice: function '{inputs.named_function}' is "
+                               "not in tools")
     heuristic = _continuation(body, inputs, settings)
     if body.get("reasoning_format") is not None:  # null: the server's, as for any field
         inputs.reasoning_format = reasoning_format_from_name(body["reasoning_format"])
@@ -278,6 +283,19 @@ def chat_inputs(body: dict, settings: ChatSettings,
         raise ChatRequestError("Cannot use custom grammar constraints with tools.")
     _thinking_kwargs(body, inputs, settings)
     return inputs, heuristic
+
+
+def named_function(tool_choice: Any) -> str:
+    """The function an OpenAI named tool_choice ({"type": "function", "function": {"name":
+    ...}}) requires, or "". (llama-server reads a tool_choice that is not a string as
+    "auto"; here the named function is a required call of it, as OpenAI's API does.)"""
+    if not isinstance(tool_choice, dict):
+        return ""
+    function = tool_choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if tool_choice.get("type") != "function" or not isinstance(name, str) or not name:
+        raise ChatRequestError(f"Invalid tool_choice: {_dump(tool_choice)}")
+    return name
 
 
 def _value(body: dict, key: str, default: Any) -> Any:

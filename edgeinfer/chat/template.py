@@ -189,7 +189,8 @@ def render_template(template: str, context: dict[str, Any]) -> str:
     except TemplateRaised as exc:
         raise EdgeInferError(f"chat template rejected the messages: {_one_line(exc)}") from exc
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError,
-            AttributeError) as exc:
+            AttributeError, RecursionError) as exc:
+        # RecursionError: Hermes' json_to_python_type recurses forever on a "null" type
         raise EdgeInferError(f"chat template failed: {_one_line(exc)}") from exc
 
 
