@@ -379,13 +379,16 @@ class StreamDecoder:
     character). Pieces are raw `token_to_piece` output, without detokenize's space clean-up,
     as llama.cpp streams them (`common_token_to_piece`)."""
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, special: bool = False,
+                 preserved: frozenset[int] = frozenset()):
         self._tokenizer = tokenizer
         self._special = special
+        self._preserved = preserved  # special tokens rendered as text all the same
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, token_id: int) -> str:
-        return self._decoder.decode(self._tokenizer.token_to_piece(token_id, self._special))
+        special = self._special or token_id in self._preserved
+        return self._decoder.decode(self._tokenizer.token_to_piece(token_id, special))
 
     def flush(self) -> str:
         text = self._decoder.decode(b"", final=True)
@@ -563,8 +566,9 @@ class Tokenizer:
             data = _clean_spaces(data)
         return data.decode("utf-8", errors="replace")
 
-    def stream_decoder(self, special: bool = False) -> StreamDecoder:
-        return StreamDecoder(self, special)
+    def stream_decoder(self, special: bool = False,
+                       preserved: frozenset[int] = frozenset()) -> StreamDecoder:
+        return StreamDecoder(self, special, preserved)
 
     # -- token facts ---------------------------------------------------------------------------
 
@@ -577,6 +581,11 @@ class Tokenizer:
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
+
+    def special_ids(self) -> list[int]:
+        """CONTROL and UNKNOWN tokens: those whose piece is empty unless asked for."""
+        attrs = np.asarray(self._attrs, dtype=np.int64)
+        return np.flatnonzero(attrs & int(PARSE_SPECIAL_ATTRS)).tolist()
 
     def is_control(self, token_id: int) -> bool:
         return bool(self._attrs[token_id] & Attr.CONTROL)

@@ -363,3 +363,34 @@ def _children(p: peg.Parser) -> list[peg.Parser]:
         return list(p.children)
     child = getattr(p, "child", None)
     return [child] if isinstance(child, peg.Parser) else []
+
+
+@dataclass(frozen=True)
+class LazyStart:
+    """Where a lazy grammar begins in the generated text: the first trigger word outside
+    reasoning (llama.cpp's grammar triggers; a tool call inside a thinking block is not a
+    call). `starts_in_reasoning`: the prompt left the model inside an open thinking block."""
+
+    words: tuple[str, ...]
+    think_start: str = ""
+    think_ends: tuple[str, ...] = ()
+    starts_in_reasoning: bool = False
+
+    def find(self, text: str) -> int | None:
+        """The index of the first trigger outside reasoning in `text`, or None."""
+        pos, thinking = 0, self.starts_in_reasoning
+        while True:
+            if thinking:
+                ends = [(i, e) for e in self.think_ends if (i := text.find(e, pos)) >= 0]
+                if not ends:
+                    return None
+                i, end = min(ends)
+                pos, thinking = i + len(end), False
+                continue
+            hits = [i for w in self.words if w and (i := text.find(w, pos)) >= 0]
+            think = text.find(self.think_start, pos) if self.think_start else -1
+            first = min(hits, default=-1)
+            if think >= 0 and (first < 0 or think < first):
+                pos, thinking = think + len(self.think_start), True
+                continue
+            return first if first >= 0 else None

@@ -188,7 +188,12 @@ def _flat_keys(tools, name_key: str, args_key: str, call_id_key: str, gen_call_i
 
 
 # -- the formats ----------------------------------------------------------------------------------
-def _content_before(trigger: str) -> peg.Parser:
+def _content_before(trigger: str, tool_choice: str = "auto") -> peg.Parser:
+    """Text before the calls. Under "required" (and a named function) the calls come first:
+    llama.cpp's grammar allows text before them there too, with which a small model writes
+    until max_tokens and never calls; OpenAI's required means a call."""
+    if tool_choice == "required":
+        return peg.eps()
     return peg.optional(peg.tag(CONTENT, peg.until(trigger) if trigger else peg.eps()))
 
 
@@ -208,7 +213,11 @@ def json_native(syntax, reasoning: peg.Parser) -> peg.Parser:
     if not fmt.section_start and fmt.per_call_start:
         single = standard_json_tools(fmt.per_call_start, fmt.per_call_end, syntax.tools,
                                      **options)
-        calls = peg.trigger_rule("tool-calls", peg.one_or_more(single + peg.space()))
+        # llama.cpp repeats a marked call even without parallel_tool_calls; here that
+        # means one call, as OpenAI's flag does (a small model would otherwise call again
+        # and again until max_tokens)
+        repeat = peg.one_or_more if syntax.parallel_tool_calls else (lambda p: p)
+        calls = peg.trigger_rule("tool-calls", repeat(single + peg.space()))
     else:
         calls = standard_json_tools(fmt.section_start, fmt.section_end, syntax.tools, **options)
     if syntax.content_start and syntax.content_end:
@@ -216,7 +225,8 @@ def json_native(syntax, reasoning: peg.Parser) -> peg.Parser:
                                + peg.tag(CONTENT, peg.until(syntax.content_end))
                                + syntax.content_end)
         return reasoning + wrapped + calls + peg.end()
-    return reasoning + _content_before(fmt.trigger or "{") + calls + peg.end()
+    return reasoning + _content_before(fmt.trigger or "{", syntax.tool_choice) + calls \
+        + peg.end()
 
 
 def _function(fmt: ToolFormat, name: str, call_id: peg.Parser, have_call_id: bool,
@@ -278,7 +288,7 @@ def _tag_calls(syntax, fmt: ToolFormat, choice: peg.Parser, reasoning: peg.Parse
                                  + fmt.section_end)
     if syntax.tool_choice != "required":
         calls = peg.optional(calls)
-    return reasoning + _content_before(fmt.trigger) + calls + peg.end()
+    return reasoning + _content_before(fmt.trigger, syntax.tool_choice) + calls + peg.end()
 
 
 def tag_with_json(syntax, reasoning: peg.Parser) -> peg.Parser:

@@ -20,6 +20,12 @@ class ServerChat:
         return self.templates.default.caps.to_map()
 
 
+def special_tokens(tok) -> dict[str, int]:
+    """Text -> id of the tokens grammars must name by id (CONTROL and UNKNOWN: llguidance's
+    special tokens), so a tool-call grammar can match markers such as [TOOL_CALLS]."""
+    return {tok.token_text(i): i for i in tok.special_ids()}
+
+
 def load_chat(model, options: ChatOptions) -> ServerChat:
     tok = model.tokenizer
 
@@ -28,7 +34,8 @@ def load_chat(model, options: ChatOptions) -> ServerChat:
     templates = init_templates(options.template, model_template=model.chat_template,
                                model_tool_use_template=model.chat_template_tool_use,
                                bos_token=text(tok.bos_id), eos_token=text(tok.eos_id),
-                               add_bos=tok.add_bos, add_eos=tok.add_eos)
+                               add_bos=tok.add_bos, add_eos=tok.add_eos,
+                               special_tokens=special_tokens(tok))
     settings = chat_settings(templates, use_jinja=options.jinja, reasoning=options.reasoning,
                              reasoning_format=options.reasoning_format)
     return ServerChat(templates, settings)

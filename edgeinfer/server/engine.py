@@ -136,6 +136,7 @@ class Slot:
     recent: list[int] = field(default_factory=list)
     sampler: Any = None
     constraint: Any = None  # the job's SequenceConstraint (edgeinfer.structured), or None
+    lazy_text: str = ""  # the text generated before a lazy constraint's trigger
     decoder: Any = None
     matcher: StopMatcher | None = None
     has_new_line: bool = False
@@ -475,13 +476,31 @@ class Engine(threading.Thread):
         slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
         slot.recent = list(prompt[-RECENT_MAX:])
         slot.sampler = make_sampler(params.sampling, params.logit_bias)
-        slot.constraint = job.constraint.start() if job.constraint is not None else None
-        slot.decoder = self.model.tokenizer.stream_decoder()
+        slot.constraint = self._start_constraint(job) if not params.lazy else None
+        slot.lazy_text = ""
+        slot.decoder = self.model.tokenizer.stream_decoder(preserved=params.preserved)
         slot.matcher = StopMatcher(params.stop)
         slot.t_start = slot.t_last = time.perf_counter()
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
         self._progress(slot)  # 0 %: what the cache holds
+
+    def _start_constraint(self, job: Job, text: str | None = None) -> Any:
+        """The job's constraint at the start of the output, fed its prefill (or, for a lazy
+        one, the generated text from its trigger on) as tokens; None without one, or when
+        the grammar refuses that text (the generation then goes on unconstrained, as
+        llama.cpp drops a grammar it cannot follow)."""
+        if job.constraint is None:
+            return None
+        state = job.constraint.start()
+        text = job.params.prefill if text is None else text
+        if text:
+            ids = self.model.tokenizer.encode(text, add_special=False, parse_special=True)
+            if state.accept_tokens(ids) != len(ids):
+                log.warning("task %d: the grammar refuses %r: %s; generating without it",
+                            job.id, text[:60], state.error)
+                return None
+        return state
 
     def _progress(self, slot: Slot) -> None:
         params = slot.job.params
@@ -593,6 +612,8 @@ class Engine(threading.Thread):
             return self._finish(slot, "eos")
         pending = slot.matcher.pending
         piece = slot.decoder.feed(token)
+        if params.lazy is not None and constraint is None and job.constraint is not None:
+            self._watch_trigger(slot, piece)
         text, hit = slot.matcher.feed(piece)
         slot.has_new_line = slot.has_new_line or "\n" in text
         timings = self._timings(slot) if params.timings_per_token else None
@@ -608,6 +629,16 @@ class Engine(threading.Thread):
         if len(slot.cache) >= self.n_ctx:  # no cell left for this token
             return self._finish(slot, "limit", truncated=True)
         slot.next_token = token
+
+    def _watch_trigger(self, slot: Slot, piece: str) -> None:
+        """A lazy constraint starts at its trigger: from then on the rest of the output,
+        the trigger included, must follow the grammar."""
+        slot.lazy_text += piece
+        start = slot.job.params.lazy.find(slot.lazy_text)
+        if start is not None:
+            slot.constraint = self._start_constraint(slot.job, slot.lazy_text[start:])
+            if slot.constraint is None:  # refused: never watch again
+                slot.job.constraint = None
 
     def _finish(self, slot: Slot, stop_type: str, word: str = "",
                 truncated: bool = False) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from edgeinfer.chat.grammar import LazyStart
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling import N_PREDICT, LogitBias, SamplingParams
 from edgeinfer.server.errors import bad_request
@@ -47,8 +48,11 @@ class GenParams:
     return_progress: bool = False  # stream prompt_progress events while the prompt is read
     response_fields: tuple[str, ...] = ()  # /completion: only these fields ("a/b": nested)
     verbose: bool = False  # add __verbose (the native reply) to OpenAI replies
-    constraint: Constraint | None = None  # grammar / json_schema / response_format
+    constraint: Constraint | None = None  # grammar / json_schema / response_format / tools
     strict: bool = False  # the schema must be enforced whole (response_format's strict)
+    lazy: LazyStart | None = None  # the constraint applies from a trigger word on
+    prefill: str = ""  # text fed to the constraint before the first generated token
+    preserved: frozenset[int] = frozenset()  # special tokens streamed as their text
 
 
 DEFAULTS = GenParams()

@@ -29,10 +29,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.tokenizer_tables import PARSE_SPECIAL_ATTRS
 
 if TYPE_CHECKING:
     from edgeinfer.tokenizer import Tokenizer
@@ -75,8 +72,7 @@ class _VocabularyView:
 
 def special_ids(tokenizer: Tokenizer) -> list[int]:
     """CONTROL and UNKNOWN tokens: those whose piece is empty unless `special` is asked for."""
-    attrs = np.array([int(tokenizer.token_attr(i)) for i in range(tokenizer.n_vocab)])
-    return np.flatnonzero(attrs & int(PARSE_SPECIAL_ATTRS)).tolist()
+    return tokenizer.special_ids()
 
 
 def eog_order(tokenizer: Tokenizer) -> list[int]:

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff, chat_prompt
+from edgeinfer.chat.grammar import LazyStart
 from edgeinfer.server import responses as fmt
 from edgeinfer.server.apis import ChatMeta, ChatOutcome
 from edgeinfer.server.apis import anthropic as anthropic_api
@@ -24,10 +25,11 @@ from edgeinfer.server.apis import oai_responses as responses_api
 from edgeinfer.server.apis.oai_chat import OaiChatReply
 from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent
 from edgeinfer.server.errors import ApiError, bad_request
-from edgeinfer.server.params import ChatRequest, check_chat_fields, parse_chat
+from edgeinfer.server.params import ChatRequest, GenParams, check_chat_fields, parse_chat
 from edgeinfer.server.routes.completions import verbose_field
 from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames, start_run
 from edgeinfer.server.state import Server
+from edgeinfer.structured.compile import Constraint
 
 
 # -- the prompt ------------------------------------------------------------------------------
@@ -47,22 +49,43 @@ def _template_prompt(server: Server, body: dict):
 
 async def prepare(server: Server, body: dict, generate: bool = True) -> ChatPrompt:
     """An OpenAI chat body -> its generation fields, the prompt (rendered by the chat layer,
-    llama.cpp's way) and its tokens, and how to parse what is generated. Tools are rendered
-    into the prompt, but calling them (parsing the calls) is not here yet: a generation
-    with tools is refused rather than answered with unparsed calls."""
-    req = None
-    if generate:
-        req = parse_chat(body, vocab=server.vocab, defaults=server.defaults)
-        if body.get("tools") and body.get("tool_choice") != "none":
-            raise bad_request("'tools' are not supported by this server yet: tool calls "
-                              "are not parsed (the prompt with tools: /apply-template)")
+    llama.cpp's way) and its tokens, and how to parse what is generated."""
+    req = parse_chat(body, vocab=server.vocab, defaults=server.defaults) if generate else None
     result = await asyncio.to_thread(_template_prompt, server, body)
-    if req is not None and result.additional_stops:
-        stop = req.params.stop + tuple(result.additional_stops)
-        req = replace(req, params=replace(req.params, stop=stop))
+    if req is not None:
+        req = replace(req, params=_with_template(server, req.params, result))
     ids = await asyncio.to_thread(server.model.tokenize, result.prompt, True, True)
     echo = body.get("echo") is True
     return ChatPrompt(req, result.prompt, ids, lambda: ChatParser(result.syntax, echo=echo))
+
+
+def _with_template(server: Server, params: GenParams, result) -> GenParams:
+    """What the rendered prompt adds to the request: its stop strings, and the tool-call
+    grammar (lazy from the format's call marker under tool_choice auto, else fed the
+    generation prompt first) with the special tokens its markers are."""
+    params = replace(params, stop=params.stop + tuple(result.additional_stops))
+    if not result.grammar:
+        return params
+    if params.constraint is not None:
+        raise bad_request("Cannot use custom grammar constraints with tools.")
+    lazy = None
+    if result.grammar_lazy:
+        lazy = LazyStart(tuple(t.value for t in result.grammar_triggers),
+                         result.thinking_start_tag, tuple(result.thinking_end_tags),
+                         result.syntax.starts_in_reasoning)
+    return replace(params, constraint=Constraint("lark", result.grammar), lazy=lazy,
+                   prefill=result.grammar_prefill,
+                   preserved=_token_ids(server, result.preserved_tokens))
+
+
+def _token_ids(server: Server, texts: tuple[str, ...]) -> frozenset[int]:
+    """The ids of the texts that are one token each (preserved tokens)."""
+    tok, ids = server.model.tokenizer, set()
+    for text in texts:
+        encoded = tok.encode(text, add_special=False, parse_special=True)
+        if len(encoded) == 1:
+            ids.add(encoded[0])
+    return frozenset(ids)
 
 
 class Choice:
