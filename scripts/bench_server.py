@@ -9,7 +9,9 @@ length) back to back; `--system-rules N` prefixes each with a shared system prom
 sentences (60: ~1,130 SmolLM2 tokens), for decoding over a long context. Reported as JSON:
 aggregate generated tokens/s over the level's wall time, and time-to-first-token /
 inter-token latency percentiles in milliseconds; each level runs --repeat times and the
-median run (by tokens/s) is reported, with every run's tokens/s.
+median run (by tokens/s) is reported, with every run's tokens/s. `--response-format json`
+asks each request for a JSON array of strings (structured output, issue 34), which never
+completes, so the replies keep their length.
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ def system_prompt(n_rules: int) -> str:
                     for i in range(n_rules))
 
 
+RESPONSE_FORMATS = {
+    "none": {},
+    "json": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "list", "schema": {"type": "array", "items": {"type": "string"}}}}},
+}
+EXTRA: dict = {}  # fields every request adds (--response-format)
+
+
 async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
                       system: str = "") -> dict:
     messages = [{"role": "system", "content": system}] if system else []
     body = {"model": "bench", "messages": [*messages, {"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **EXTRA}
     t0 = time.perf_counter()
     stamps, n_tokens = [], 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -109,8 +119,10 @@ def main() -> None:
     p.add_argument("--system-rules", type=int, default=0,
                    help="shared system prompt of this many rule sentences (0: none)")
     p.add_argument("--repeat", type=int, default=3, help="runs per level; the median is shown")
+    p.add_argument("--response-format", choices=sorted(RESPONSE_FORMATS), default="none")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     args = p.parse_args()
+    EXTRA.update(RESPONSE_FORMATS[args.response_format])
     if not args.url and not args.model:
         p.error("give --url or --model")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the server
@@ -139,6 +151,7 @@ def main() -> None:
     report = {"server": "edgeinfer" if server else args.url,
               "model": str(args.model) if args.model else None, "threads": args.threads,
               "max_tokens": args.max_tokens, "system_rules": args.system_rules,
+              "response_format": args.response_format,
               "levels": levels}
     text = json.dumps(report, indent=2)
     print(text)
