@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_chat_reasoning import ENUMS as REASONING_ENUMS  # noqa: E402
 from test_chat_refs import (
     peg_cases,
     peg_tools,
@@ -44,12 +45,7 @@ from edgeinfer.chat.specialized import detect_specialized
 llguidance = pytest.importorskip("llguidance")
 
 ENUMS = {
-    "COMMON_REASONING_FORMAT_NONE": "none", "COMMON_REASONING_FORMAT_AUTO": "auto",
-    "COMMON_REASONING_FORMAT_DEEPSEEK": "deepseek",
-    "COMMON_REASONING_FORMAT_DEEPSEEK_LEGACY": "deepseek-legacy",
-    "COMMON_CHAT_CONTINUATION_NONE": "none", "COMMON_CHAT_CONTINUATION_AUTO": "auto",
-    "COMMON_CHAT_CONTINUATION_CONTENT": "content",
-    "COMMON_CHAT_CONTINUATION_REASONING": "reasoning",
+    **REASONING_ENUMS,  # the reasoning and continuation names test_chat_reasoning reads
     "COMMON_CHAT_TOOL_CHOICE_AUTO": "auto", "COMMON_CHAT_TOOL_CHOICE_NONE": "none",
     "COMMON_CHAT_TOOL_CHOICE_REQUIRED": "required",
 }
