@@ -28,13 +28,16 @@ class Model:
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
              n_slots: int = 1, n_batch: int = 512,
              progress: Callable[[str], None] | None = None, flash_attn: bool = False,
-             compile_helper: bool = False) -> Model:
+             compile_helper: bool = False, gpu_layers: int | str | None = 0,
+             notes: Callable[[str], None] | None = None) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages; on a first
         run (kernels not yet in Numba's disk cache) one per kernel as it compiles, then a
         summary starting with COMPILED. flash_attn: llama.cpp's -fa on attention numerics.
         compile_helper: on a first run, a second process compiles kernels meanwhile
-        (kernels/precompile.py; the CLI's choice)."""
+        (kernels/precompile.py; the CLI's choice). gpu_layers: llama.cpp's -ngl, a count,
+        'all' or 'auto' (the `cuda` extra); without a CUDA device the model runs on the CPU.
+        `notes` receives the lines worth keeping: where the layers went, or why not."""
         from edgeinfer.kernels import precompile
 
         helper = []
@@ -47,14 +50,15 @@ class Model:
 
             try:
                 return cls._load(path, n_ctx, threads, n_slots, n_batch, progress,
-                                 on_compile, flash_attn)
+                                 on_compile, flash_attn, gpu_layers, notes)
             finally:
                 for child in helper:
                     precompile.stop(child)
 
     @classmethod
     def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,
-              flash_attn) -> Model:
+              flash_attn, gpu_layers=0, notes=None) -> Model:
+        from edgeinfer.cuda.placement import parse_gpu_layers, place
         from edgeinfer.model import Transformer
         from edgeinfer.tokenizer import Tokenizer
         from edgeinfer.validate import open_model
@@ -68,8 +72,13 @@ class Model:
         n_ctx = n_ctx or min(DEFAULT_CTX, config.n_ctx_train)
         if n_ctx < 8:
             raise EdgeInferError(f"context size {n_ctx} is too small")
+        placement = place(parse_gpu_layers(gpu_layers), config, weights, n_ctx, n_slots,
+                          n_batch)
+        for line in placement.notes:
+            (notes or (lambda line: None))(line)
         with reporting_compiles(progress or (lambda message: None), on_compile):
-            transformer = Transformer(config, weights, n_ctx, n_slots, n_batch, flash_attn)
+            transformer = Transformer(config, weights, n_ctx, n_slots, n_batch, flash_attn,
+                                      placement.n_gpu)
             model = cls(Path(path), config, tokenizer, transformer,
                         meta.get("tokenizer.chat_template"),
                         meta.get("tokenizer.chat_template.tool_use"))
@@ -81,6 +90,9 @@ class Model:
         (or loaded from Numba's on-disk cache) before the first real token."""
         from edgeinfer.kernels.ops import PARALLEL_ROWS
 
+        device = self.transformer.device
+        if device is not None and device.simulated:  # the simulator compiles nothing
+            return
         self.logits([0] * min(PARALLEL_ROWS, self.transformer.n_ctx), rows=[0])
         self.logits([0])
 

@@ -42,6 +42,12 @@ FLASH = typer.Option(
          "auto: off, the faster path here for decode, and llama.cpp's -fa off numerics.")
 
 
+GPU_LAYERS = typer.Option(
+    "0", "-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N|all|auto",
+    help="Layers to offload to a CUDA GPU (the `cuda` extra): the last N, N = n_layer + 1 "
+         "with the output layer, all, or auto (as many as fit).")
+
+
 def _flash(value: FlashAttn) -> bool:
     return value == FlashAttn.on
 
@@ -80,6 +86,7 @@ def run(
     threads: int | None = THREADS,
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
+    gpu_layers: str = GPU_LAYERS,
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
     system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
@@ -101,6 +108,7 @@ def run(
 
     def start() -> None:  # inside _guard: SamplingParams rejects bad values
         from edgeinfer.commands.run import RunOptions, run_command
+        from edgeinfer.cuda.placement import parse_gpu_layers
 
         sampling = SamplingParams(
             temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -110,7 +118,8 @@ def run(
         run_command(RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
-            flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema))
+            flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema,
+            gpu_layers=parse_gpu_layers(gpu_layers)))
 
     _guard(start)
 
@@ -128,7 +137,8 @@ def info(
     model: str | None = MODEL_ARG,
     ctx_size: int = CTX,
 ) -> None:
-    """Show a model's architecture, sizes, tensor types, tokenizer and memory needs."""
+    """Show a model's architecture, sizes, tensor types, tokenizer, memory needs and the
+    CUDA devices (how many of its layers fit each)."""
     from edgeinfer.commands.info import info_command
 
     _guard(info_command, model, ctx_size)
@@ -145,13 +155,18 @@ def bench(
                                 help="Tokens already in the context before each test."),
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
+    gpu_layers: str = GPU_LAYERS,
     as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
 ) -> None:
     """Measure prompt processing and generation speed, like llama-bench."""
     from edgeinfer.commands.bench import bench_command
+    from edgeinfer.cuda.placement import parse_gpu_layers
 
-    _guard(bench_command, model, n_prompt, n_gen, threads, reps, ctx_size, as_json, n_depth,
-           _flash(flash_attn))
+    def start() -> None:
+        bench_command(model, n_prompt, n_gen, threads, reps, ctx_size, as_json, n_depth,
+                      _flash(flash_attn), parse_gpu_layers(gpu_layers))
+
+    _guard(start)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

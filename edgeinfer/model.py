@@ -32,7 +32,8 @@ from edgeinfer.weights import Weights
 
 
 class KVCache:
-    """F16 keys and values (stored as uint16 bits) for every layer and slot.
+    """F16 keys and values (stored as uint16 bits) for every layer and slot: the CPU layers'
+    here, the offloaded layers' on the device (`device`, cuda/offload.py's DeviceCache).
 
     Indexed (n_layer, n_slots, n_ctx, n_kv, hd), as the kernels see them, but stored head by
     head, (n_layer, n_slots, n_kv, n_ctx, hd): attention reads one KV head's rows of a slot,
@@ -40,17 +41,44 @@ class KVCache:
     interleaved with the other heads' were a strided walk (docs/performance.md, "Head-major KV
     cache")."""
 
-    def __init__(self, config: ModelConfig, n_ctx: int, n_slots: int):
-        stored = (config.n_layer, n_slots, config.n_head_kv, n_ctx, config.head_dim)
-        self.k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, S, ctx, kv, hd)
-        self.v = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
-        self.n_ctx, self.n_slots = n_ctx, n_slots
+    def __init__(self, k: np.ndarray, v: np.ndarray, device=None):
+        self.k, self.v, self.device = k, v, device
+        self.n_slots = k.shape[1]
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, n_ctx: int, n_slots: int, n_layer: int,
+                 device=None) -> KVCache:
+        """The CPU cache of n_layer layers (the first ones; the rest are `device`'s)."""
+        stored = (n_layer, n_slots, config.n_head_kv, n_ctx, config.head_dim)
+        k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, S, ctx, kv, hd)
+        v = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
+        return cls(k, v, device)
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Reuse the first n_tokens cells of slot src in slot dst (prefix caching)."""
         if src != dst:
             self.k[:, dst, :n_tokens] = self.k[:, src, :n_tokens]
             self.v[:, dst, :n_tokens] = self.v[:, src, :n_tokens]
+            if self.device is not None:
+                self.device.copy_prefix(src, dst, n_tokens)
+
+    def slot_bytes(self, n_tokens: int) -> int:
+        """Bytes of n_tokens cells of one slot, over every layer, K and V."""
+        host = 2 * self.k[:, 0, :n_tokens].nbytes
+        return host + (self.device.slot_bytes(n_tokens) if self.device is not None else 0)
+
+    def read(self, slot: int, n_tokens: int) -> tuple:
+        """A host copy of slot's first n_tokens cells (for `write` to put back)."""
+        device = self.device.read(slot, n_tokens) if self.device is not None else None
+        return (self.k[:, slot, :n_tokens].copy(), self.v[:, slot, :n_tokens].copy(), device)
+
+    def write(self, slot: int, saved: tuple, n_tokens: int) -> None:
+        """The first n_tokens cells of a `read` copy (taken from at least as many) into slot."""
+        k, v, device = saved
+        self.k[:, slot, :n_tokens] = k[:, :n_tokens]
+        self.v[:, slot, :n_tokens] = v[:, :n_tokens]
+        if self.device is not None:
+            self.device.write(slot, device, n_tokens)
 
 
 def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
@@ -81,13 +109,25 @@ def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
 
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, n_slots: int = 1,
-                 n_batch: int = 512, flash_attn: bool = False):
+                 n_batch: int = 512, flash_attn: bool = False, gpu_layers: int = 0):
+        """gpu_layers: how many of the last layers run on the CUDA device (cuda/offload.py),
+        n_layer + 1 with the output head too (llama.cpp's -ngl)."""
         self.config, self.weights = config, weights
         self.n_ctx, self.n_batch = n_ctx, n_batch
         # flash: llama.cpp's -fa on numerics (online softmax); else its non-flash path, which
         # made the golden files (kernels/flash.py and kernels/attention.py say how they differ)
         self.flash_attn = flash_attn
-        self.kv_cache = KVCache(config, n_ctx, n_slots)
+        self.gpu_layers = max(0, min(gpu_layers, config.n_layer + 1))
+        n_cpu = config.n_layer - min(self.gpu_layers, config.n_layer)  # layers 0 .. n_cpu-1
+        self.device = None
+        if self.gpu_layers:
+            from edgeinfer.cuda.offload import DeviceLayers
+
+            self.device = DeviceLayers(config, weights, numerics(config, weights, n_ctx),
+                                       n_cpu, self.gpu_layers > config.n_layer, n_ctx,
+                                       n_slots, n_batch)
+        self.kv_cache = KVCache.allocate(config, n_ctx, n_slots, n_cpu,
+                                         self.device.cache if self.device else None)
         linears = [weights.output] + [getattr(b, n) for b in weights.blocks for n in LINEARS]
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
         self.buffers = allocate_buffers(config, n_batch, n_ctx, flash_attn, self.scratch,
@@ -95,8 +135,8 @@ class Transformer:
         self.numerics = numerics(config, weights, n_ctx)
         # attention first, then the matrix products: on a cold cache the compile helper
         # (kernels/precompile.py) starts from the other end
-        self.kernels = kernels(weights.blocks, self.numerics, flash_attn)
-        self.layers = layer_table(weights.blocks, config.swa_layers)
+        self.kernels = kernels(weights.blocks[:n_cpu], self.numerics, flash_attn)
+        self.layers = layer_table(weights.blocks[:n_cpu], config.swa_layers[:n_cpu])
         # the head's padded rows (layers.product_rows); resident only once a batch uses them
         self.padded_logits = lazy_zeros((len(PAD_TO), config.n_vocab), np.float32)
 
@@ -129,7 +169,11 @@ class Transformer:
         if c.embd_scale != 1.0:
             ops.scale_inplace(x, c.embd_scale)
         run_layers(n, positions, slots, self.layers, self.buffers, self.numerics,
-                   self.kernels)
+                   self.kernels)  # the CPU's layers, the first ones
+        if self.device is not None:  # the rest, and the head when it is offloaded
+            if self.device.forward(x, positions, slots, rows, logits):
+                self._finish_logits(logits)
+                return
         if len(rows) == 0:
             return
         m = len(rows)
@@ -141,6 +185,10 @@ class Transformer:
         else:  # one tile of p rows (m..p stale), then the m rows copied out
             project(self.buffers.h[:p], (w.output,), (self.padded_logits[:p],), self.scratch)
             logits[:] = self.padded_logits[:m]
+        self._finish_logits(logits)
+
+    def _finish_logits(self, logits) -> None:
+        w, c = self.weights, self.config
         if w.output_bias is not None:
             ops.add_bias(logits, w.output_bias)
         if c.final_softcap:

@@ -116,6 +116,7 @@ def test_every_route_is_503_while_loading(tmp_path):
 def test_prompt_cache_saves_restores_and_evicts():
     import numpy as np
 
+    from edgeinfer.model import KVCache
     from edgeinfer.server.prefix import PrefixTree
     from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
 
@@ -124,7 +125,7 @@ def test_prompt_cache_saves_restores_and_evicts():
     v = k + 1
     tree = PrefixTree()
     entry_bytes = 2 * k[:, 0, :n].nbytes
-    cache = PromptCache(tree, k, v, budget_bytes=2 * entry_bytes)
+    cache = PromptCache(tree, KVCache(k, v), budget_bytes=2 * entry_bytes)
     first, second, third = (list(range(start, start + n)) for start in (100, 200, 300))
     tree.set(0, first)
     cache.save(0, first)  # slot 0's cells 0..n-1 now also live as entry 2
@@ -146,13 +147,15 @@ def test_prompt_cache_saves_restores_and_evicts():
 def test_prompt_cache_never_evicts_the_entry_about_to_be_restored():
     import numpy as np
 
+    from edgeinfer.model import KVCache
     from edgeinfer.server.prefix import PrefixTree
     from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
 
     n = MIN_TOKENS
     k = np.zeros((1, 2, 64, 2), np.uint16)
     tree = PrefixTree()
-    cache = PromptCache(tree, k, k.copy(), budget_bytes=2 * k[:, 0, :n].nbytes)  # one entry
+    cache = PromptCache(tree, KVCache(k, k.copy()),
+                        budget_bytes=2 * k[:, 0, :n].nbytes)  # one entry
     old, new = list(range(n)), list(range(100, 100 + n))
     cache.save(0, old)
     (entry,) = cache.entries

@@ -72,3 +72,12 @@ def status(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]
             spinner.update(Text(text))
 
         yield update
+
+
+def note_printer(quiet: bool = False) -> Callable[[str], None]:
+    """Lines a load wants kept (where the layers went), on stderr; warnings even if quiet."""
+    def note(line: str) -> None:
+        if not quiet or line.startswith("warning:"):
+            stderr.print(Text(line))
+
+    return note

@@ -24,10 +24,11 @@ class RunOptions:
     flash_attn: bool = False
     grammar: str | None = None  # GBNF, or Lark after %llguidance
     json_schema: str | None = None  # a JSON schema's text
+    gpu_layers: int | str = 0  # -ngl: a count, "all" or "auto"
 
 
 def run_command(opts: RunOptions) -> None:
-    from edgeinfer.commands.progress import byte_progress, status
+    from edgeinfer.commands.progress import byte_progress, note_printer, status
     from edgeinfer.generate import stream_generate
     from edgeinfer.pull import resolve_model
 
@@ -43,7 +44,8 @@ def run_command(opts: RunOptions) -> None:
         from edgeinfer.process import settle_heap
 
         model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
-                           flash_attn=opts.flash_attn, compile_helper=True)
+                           flash_attn=opts.flash_attn, compile_helper=True,
+                           gpu_layers=opts.gpu_layers, notes=note_printer(opts.quiet))
         settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
     constraint = model.constraint(opts.grammar, opts.json_schema)

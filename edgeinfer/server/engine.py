@@ -333,7 +333,7 @@ class Engine(threading.Thread):
         settle_heap()
         self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer
-        self.saved = PromptCache(self.tree, tf.kv_cache.k, tf.kv_cache.v,
+        self.saved = PromptCache(self.tree, tf.kv_cache,
                                  max(0, opts.cache_ram_mib) << 20)
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
         size = tf.n_batch + self.n_slots

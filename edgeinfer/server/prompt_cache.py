@@ -14,22 +14,25 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from edgeinfer.server.prefix import PrefixTree
+
+if TYPE_CHECKING:
+    from edgeinfer.model import KVCache
 
 MIN_TOKENS = 16  # shorter sequences cost less to prefill than to keep
 
 
 class PromptCache:
-    def __init__(self, tree: PrefixTree, k: np.ndarray, v: np.ndarray, budget_bytes: int):
-        """k, v: the KV cache (n_layer, n_slots, n_ctx, n_kv, hd); entry ids start after the
-        last slot."""
-        self.tree, self.k, self.v = tree, k, v
+    def __init__(self, tree: PrefixTree, kv_cache: KVCache, budget_bytes: int):
+        """kv_cache: the model's (host and device parts); entry ids start after the last
+        slot."""
+        self.tree, self.kv_cache = tree, kv_cache
         self.budget = budget_bytes
-        self.entries: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self.entries: OrderedDict[int, tuple[int, tuple]] = OrderedDict()  # (bytes, cells)
         self.n_bytes = 0
-        self._ids = itertools.count(k.shape[1])
+        self._ids = itertools.count(kv_cache.n_slots)
 
     def holds(self, entry: int) -> bool:
         return entry in self.entries
@@ -39,7 +42,7 @@ class PromptCache:
         short, already held whole by another slot or entry, or would need entry `keep` (about
         to be restored) evicted to fit. True if a copy was made."""
         n = len(tokens)
-        size = 2 * self.k[:, slot, :n].nbytes
+        size = self.kv_cache.slot_bytes(n)
         if n < MIN_TOKENS or size > self.budget - (self._size(keep) if keep in self.entries else 0):
             return False
         if any(shared == n for other, shared in self.tree.match(tokens).items() if other != slot):
@@ -48,23 +51,20 @@ class PromptCache:
             oldest = next(entry for entry in self.entries if entry != keep)
             self._drop(oldest)
         entry = next(self._ids)
-        self.entries[entry] = (self.k[:, slot, :n].copy(), self.v[:, slot, :n].copy())
+        self.entries[entry] = (size, self.kv_cache.read(slot, n))
         self.n_bytes += size
         self.tree.set(entry, tokens)
         return True
 
     def restore(self, entry: int, slot: int, n_tokens: int) -> None:
         """Copy the first n_tokens cells of `entry` into slot `slot`."""
-        k, v = self.entries[entry]
-        self.k[:, slot, :n_tokens] = k[:, :n_tokens]
-        self.v[:, slot, :n_tokens] = v[:, :n_tokens]
+        self.kv_cache.write(slot, self.entries[entry][1], n_tokens)
         self.entries.move_to_end(entry)
 
     def _size(self, entry: int) -> int:
-        k, v = self.entries[entry]
-        return k.nbytes + v.nbytes
+        return self.entries[entry][0]
 
     def _drop(self, entry: int) -> None:
-        k, v = self.entries.pop(entry)
-        self.n_bytes -= k.nbytes + v.nbytes
+        size, _ = self.entries.pop(entry)
+        self.n_bytes -= size
         self.tree.remove(entry)

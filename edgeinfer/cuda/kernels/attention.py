@@ -1,0 +1,127 @@
+"""Attention over the device F16 KV cache.
+
+`rope_store` takes each token's fresh q, k, v (one fused projection output) through the
+per-head RMSNorm (qwen3, gemma3), rope (adjacent pairs or neox halves) and q's prescale, and
+writes k, v into the cache at the token's slot and position. `attention` runs online softmax
+(one pass over the keys, 32 at a time: a running max and sum) for one (head, token) per warp;
+decode and prefill are the same kernel, each token seeing cells [lo, pos] of its slot, where
+lo = pos - window + 1 on sliding-window layers.
+
+Cache layout (n_slots, n_kv, n_ctx, hd) float16 per layer: a head's keys are one run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from edgeinfer.cuda.kernels.prims import WARP, block_max, block_sum
+
+MAX_HD = 256  # head dims a warp's registers hold
+PER_LANE = MAX_HD // WARP  # (8 per lane; array shapes must be constants)
+
+
+@cuda.jit(device=True)
+def _rope_row(row, t, src0, dst, dst_t, dst_h, pos, cos, sin, neox, n_rot, scale, hd, lane):
+    """dst[dst_t, dst_h, :] = rope(row[t, src0 : src0 + hd] * scale), a thread per pair."""
+    half = n_rot // 2
+    for p in range(lane, half, WARP):
+        i, j = (p, p + half) if neox else (2 * p, 2 * p + 1)
+        a, b = row[t, src0 + i] * scale, row[t, src0 + j] * scale
+        c, s = cos[pos, p], sin[pos, p]
+        dst[dst_t, dst_h, i] = a * c - b * s
+        dst[dst_t, dst_h, j] = a * s + b * c
+    for i in range(n_rot + lane, hd, WARP):
+        dst[dst_t, dst_h, i] = row[t, src0 + i] * scale
+
+
+@cuda.jit
+def rope_store(qkv, q_norm, k_norm, eps, cos, sin, neox, n_rot, q_scale, positions, slots,
+               q_out, k_scratch, k_cache, v_cache):
+    """Head h = blockIdx.x of token t = blockIdx.y, 32 threads: q heads first, then kv heads.
+    qkv (n, (n_head + 2 n_kv) hd); q_out (n, n_head, hd); k_scratch (n, n_kv, hd) f32;
+    k_cache, v_cache (n_slots, n_kv, n_ctx, hd) f16."""
+    h, t, lane = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    red = cuda.shared.array(WARP, np.float32)
+    n_head, hd = q_out.shape[1], q_out.shape[2]
+    is_q = h < n_head
+    src0 = h * hd if is_q else n_head * hd + (h - n_head) * hd
+    norm_w = q_norm if is_q else k_norm
+    scale = np.float32(1)
+    if norm_w.shape[0]:
+        ss = np.float32(0)
+        for i in range(lane, hd, WARP):
+            ss += qkv[t, src0 + i] * qkv[t, src0 + i]
+        ss = block_sum(ss, red, lane, WARP)
+        scale = np.float32(1) / math.sqrt(ss / hd + eps)
+    pos = positions[t]
+    if is_q:
+        if norm_w.shape[0]:
+            for i in range(lane, hd, WARP):  # normed in place before the pairs mix dims
+                qkv[t, src0 + i] = qkv[t, src0 + i] * scale * norm_w[i]
+            cuda.syncthreads()
+        _rope_row(qkv, t, src0, q_out, t, h, pos, cos, sin, neox, n_rot, q_scale, hd, lane)
+        return
+    kvh = h - n_head
+    if norm_w.shape[0]:
+        for i in range(lane, hd, WARP):
+            qkv[t, src0 + i] = qkv[t, src0 + i] * scale * norm_w[i]
+        cuda.syncthreads()
+    _rope_row(qkv, t, src0, k_scratch, t, kvh, pos, cos, sin, neox, n_rot, np.float32(1),
+              hd, lane)
+    cuda.syncthreads()
+    slot, v0 = slots[t], n_head * hd + (k_scratch.shape[1] + kvh) * hd
+    for i in range(lane, hd, WARP):
+        k_cache[slot, kvh, pos, i] = k_scratch[t, kvh, i]
+        v_cache[slot, kvh, pos, i] = qkv[t, v0 + i]
+
+
+@cuda.jit
+def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out):
+    """out[t, h] = softmax(q[t, h] . K^T * score_scale) . V over the token's visible cells;
+    head h = blockIdx.x, token t = blockIdx.y, one warp. q (n, n_head, hd) f32,
+    out (n, n_head * hd) f32."""
+    h, t, lane = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    red = cuda.shared.array(WARP, np.float32)
+    probs = cuda.shared.array(WARP, np.float32)
+    qs = cuda.shared.array(MAX_HD, np.float32)
+    acc = cuda.local.array(PER_LANE, np.float32)
+    n_head, hd, n_kv = q.shape[1], q.shape[2], k_cache.shape[1]
+    kvh, slot, pos = h // (n_head // n_kv), slots[t], positions[t]
+    for i in range(lane, hd, WARP):
+        qs[i] = q[t, h, i]
+    for r in range(PER_LANE):
+        acc[r] = 0
+    cuda.syncthreads()
+    lo = max(0, pos - window + 1) if window > 0 else 0
+    m, total = np.float32(-np.inf), np.float32(0)
+    for c0 in range(lo, pos + 1, WARP):
+        key = c0 + lane
+        s = np.float32(-np.inf)
+        if key <= pos:
+            s = np.float32(0)
+            for i in range(hd):
+                s += qs[i] * np.float32(k_cache[slot, kvh, key, i])
+            s *= score_scale
+        m_new = max(m, block_max(s, red, lane, WARP))
+        corr = math.exp(m - m_new)
+        p = math.exp(s - m_new) if key <= pos else np.float32(0)
+        total = total * corr + block_sum(p, red, lane, WARP)
+        probs[lane] = p
+        cuda.syncthreads()
+        n_keys = min(WARP, pos + 1 - c0)
+        for r in range(PER_LANE):
+            d = lane + WARP * r
+            if d < hd:
+                a = acc[r] * corr
+                for j in range(n_keys):
+                    a += probs[j] * np.float32(v_cache[slot, kvh, c0 + j, d])
+                acc[r] = a
+        cuda.syncthreads()
+        m = m_new
+    for r in range(PER_LANE):
+        d = lane + WARP * r
+        if d < hd:
+            out[t, h * hd + d] = acc[r] / total

@@ -1,0 +1,142 @@
+"""A tiny model with layers offloaded to the CUDA device (numba-cuda's simulator in CI): the
+CPU's logits, as the golden bounds allow, in every placement llama.cpp's -ngl gives; and the
+placement itself: the flag, the fit, the lines, the CPU fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from tests.cuda_helpers import cuda, rel_err  # noqa: F401  (skips without numba-cuda)
+from tests.tiny_models import write_tiny_model
+
+from edgeinfer.api import Model
+from edgeinfer.cuda import placement
+from edgeinfer.errors import EdgeInferError
+
+TOKENS = [1, 5, 9, 30, 40]
+SMALL = dict(n_embd=32, n_ff=64, n_head=4, n_kv=2, head_dim=8, n_layer=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    made = {}
+
+    def get(arch, qtype):
+        if (arch, qtype) not in made:
+            path = tmp_path_factory.mktemp("cuda") / f"{arch}-{qtype.name}.gguf"
+            made[arch, qtype] = write_tiny_model(path, arch, qtype, **SMALL)
+        return made[arch, qtype]
+
+    return get
+
+
+def agree(ours, cpu):
+    """The golden bounds: the same top-1 where the CPU's is clear (a top-2 margin above 0.1;
+    random tiny models have near ties), logits close (Q8_1 activations vs the CPU's)."""
+    top2 = np.sort(cpu, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.1
+    assert (ours.argmax(1) == cpu.argmax(1))[clear].all()
+    assert clear.sum() >= len(cpu) // 2
+    assert max(rel_err(a, b) for a, b in zip(ours, cpu)) < 0.03
+
+
+@pytest.mark.parametrize("arch,qtype,ngl", [
+    ("llama", Q.Q8_0, "all"),  # every layer and the output head
+    ("gemma3", Q.Q4_0, 1),  # the last layer only: post-norms, q/k norms, GeGLU, a window
+    ("qwen2", Q.Q5_1, 2),  # both layers, the head on the CPU: biases
+], ids=["llama-all", "gemma3-1", "qwen2-2"])
+def test_offloaded_logits_match_the_cpu(tiny, arch, qtype, ngl):
+    path = tiny(arch, qtype)
+    cpu = Model.load(path, n_ctx=32).logits(TOKENS)
+    lines = []
+    model = Model.load(path, n_ctx=32, gpu_layers=ngl, notes=lines.append)
+    n = 3 if ngl == "all" else ngl
+    assert model.transformer.gpu_layers == n
+    assert f"load_tensors: offloaded {n}/3 layers to GPU" in lines
+    agree(model.logits(TOKENS), cpu)
+
+
+def test_decode_and_batched_slots_on_the_device(tiny):
+    """Cached decode steps in two slots at once (the server's continuous batching) give the
+    logits of one prefill, as on the CPU."""
+    path = tiny("llama", Q.Q8_0)
+    model = Model.load(path, n_ctx=32, n_slots=2, gpu_layers="all")
+    full = Model.load(path, n_ctx=32).logits(TOKENS)
+    tf, v = model.transformer, model.config.n_vocab
+    out = np.zeros((2, v), np.float32)
+    # slot 1 prefills the first 3 tokens while slot 0 gets them one by one
+    tf.forward(np.array(TOKENS[:3], np.int32), np.arange(3, dtype=np.int32),
+               np.ones(3, np.int32), np.array([2], np.int32), out[:1])
+    for pos in range(3):
+        tf.forward(np.array([TOKENS[pos]], np.int32), np.array([pos], np.int32),
+                   np.zeros(1, np.int32), np.array([0], np.int32), out[1:])
+    agree(out, full[[2, 2]])
+    # then both slots decode token 3 in one batch
+    tf.forward(np.array([TOKENS[3]] * 2, np.int32), np.array([3, 3], np.int32),
+               np.array([0, 1], np.int32), np.array([0, 1], np.int32), out)
+    agree(out, full[[3, 3]])
+    assert tf.device.launches > 0
+
+
+def test_prompt_cache_copies_device_cells(tiny):
+    path = tiny("llama", Q.Q8_0)
+    model = Model.load(path, n_ctx=32, n_slots=2, gpu_layers=1)
+    kv = model.transformer.kv_cache
+    model.logits(TOKENS, slot=0)
+    saved = kv.read(0, 4)
+    assert kv.slot_bytes(4) == sum(a.nbytes for a in saved[:2]) + sum(
+        a.nbytes for a in saved[2])
+    kv.write(1, saved, 4)
+    dev = kv.device
+    np.testing.assert_array_equal(dev.k[1].copy_to_host()[:, :, :4],
+                                  dev.k[0].copy_to_host()[:, :, :4])
+    kv.copy_prefix(0, 1, 4)
+    np.testing.assert_array_equal(dev.v[1].copy_to_host()[:, :, :4],
+                                  dev.v[0].copy_to_host()[:, :, :4])
+
+
+def test_parse_gpu_layers():
+    assert placement.parse_gpu_layers("12") == 12
+    assert placement.parse_gpu_layers(" ALL ") == "all"
+    assert placement.parse_gpu_layers("auto") == "auto"
+    assert placement.parse_gpu_layers(-1) == "all"  # llama.cpp: negative means all
+    assert placement.parse_gpu_layers(None) == 0
+    with pytest.raises(EdgeInferError, match="expected a number, 'all' or 'auto'"):
+        placement.parse_gpu_layers("many")
+
+
+def test_fit_takes_the_last_layers_then_the_head():
+    layers = [10, 10, 10]
+    assert placement.fit(100, layers, head=5, reserve=60) == 4  # 40 left: all and the head
+    assert placement.fit(100, layers, head=15, reserve=60) == 3  # the head does not fit
+    assert placement.fit(100, layers, head=5, reserve=75) == 2  # 25 left: two layers
+    assert placement.fit(50, layers, head=5, reserve=60) == 0
+
+
+def test_auto_uses_free_memory(tiny, monkeypatch):
+    path = tiny("llama", Q.Q8_0)
+    roomy = placement.Device(0, "test", (9, 0), 1 << 40, 1 << 40)
+    monkeypatch.setattr(placement, "cuda_devices", lambda: [roomy])
+    assert Model.load(path, n_ctx=32, gpu_layers="auto").transformer.gpu_layers == 3
+    tight = placement.Device(0, "test", (9, 0), placement.CUDA_RESERVE, 1 << 40)
+    monkeypatch.setattr(placement, "cuda_devices", lambda: [tight])
+    assert Model.load(path, n_ctx=32, gpu_layers="auto").transformer.gpu_layers == 0
+
+
+def test_no_device_warns_once_and_runs_on_the_cpu(tiny, monkeypatch):
+    path = tiny("llama", Q.Q8_0)
+    monkeypatch.setattr(placement, "cuda_devices", lambda: "no CUDA device or driver found")
+    lines = []
+    model = Model.load(path, n_ctx=32, gpu_layers="all", notes=lines.append)
+    assert lines == ["warning: --gpu-layers: no CUDA device or driver found; running on "
+                     "the CPU"]
+    assert model.transformer.device is None and model.logits(TOKENS[:2]).shape[0] == 2
+
+
+def test_without_numba_cuda_the_reason_is_named(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "numba.cuda", None)  # import fails as if not installed
+    assert "numba-cuda is not installed" in placement.cuda_devices()
