@@ -25,6 +25,8 @@ class BenchRow:
     n_gen: int
     n_depth: int = 0
     flash_attn: bool = False
+    n_gpu_layers: int = 0
+    launches_per_token: float = 0.0  # CUDA kernel launches per tg step (0: all on the CPU)
     avg_ts: float = 0.0
     stddev_ts: float = 0.0
     samples_ts: list[float] = field(default_factory=list)
@@ -83,13 +85,19 @@ def run_bench(model, n_prompt: int, n_gen: int, reps: int, threads: int,
         timer(model, min(n, 16), 0, rng)  # warm-up: kernels loaded, caches touched
     _fill(model, depth, rng)
     rows = []
+    device = model.transformer.device
     for n, timer, kind in tests:
+        launched = device.launches if device is not None else 0
         seconds = [timer(model, n, depth, rng) for _ in range(reps)]
+        per_token = ((device.launches - launched) / (n * reps)
+                     if device is not None and kind == "tg" else 0.0)
         ts = [n / s for s in seconds]
         rows.append(BenchRow(
             model_filename=str(model.path), model_type=f"{model.config.arch} {model.config.name}",
             n_threads=threads, n_prompt=n if kind == "pp" else 0, n_gen=n if kind == "tg" else 0,
-            n_depth=depth, flash_attn=model.transformer.flash_attn, avg_ts=float(np.mean(ts)),
+            n_depth=depth, flash_attn=model.transformer.flash_attn,
+            n_gpu_layers=model.transformer.gpu_layers, launches_per_token=per_token,
+            avg_ts=float(np.mean(ts)),
             stddev_ts=float(np.std(ts)), samples_ts=ts,
             samples_ns=[int(s * 1e9) for s in seconds], peak_rss_mb=peak_rss_mb()))
     return rows

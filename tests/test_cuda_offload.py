@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from tests.cuda_helpers import cuda, rel_err  # noqa: F401  (skips without numba-cuda)
-from tests.tiny_models import write_tiny_model
-
 from edgeinfer.api import Model
 from edgeinfer.cuda import placement
 from edgeinfer.errors import EdgeInferError
+from tests.cuda_helpers import cuda, rel_err  # noqa: F401  (skips without numba-cuda)
+from tests.tiny_models import write_tiny_model
 
 TOKENS = [1, 5, 9, 30, 40]
 SMALL = dict(n_embd=32, n_ff=64, n_head=4, n_kv=2, head_dim=8, n_layer=2)
@@ -77,7 +76,11 @@ def test_decode_and_batched_slots_on_the_device(tiny):
     tf.forward(np.array([TOKENS[3]] * 2, np.int32), np.array([3, 3], np.int32),
                np.array([0, 1], np.int32), np.array([0, 1], np.int32), out)
     agree(out, full[[3, 3]])
-    assert tf.device.launches > 0
+    from edgeinfer.cuda.offload import launches_per_step
+
+    per_step = launches_per_step(tf.weights.blocks, head=True)
+    assert per_step == 1 + 2 * 10 + 2  # Q8_0 throughout: q/k/v and gate/up one launch each
+    assert tf.device.launches == 5 * per_step  # five forwards, one logits row each
 
 
 def test_prompt_cache_copies_device_cells(tiny):
@@ -140,3 +143,35 @@ def test_without_numba_cuda_the_reason_is_named(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "numba.cuda", None)  # import fails as if not installed
     assert "numba-cuda is not installed" in placement.cuda_devices()
+
+
+def _cli(*args, sim: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": sim}
+    return subprocess.run([sys.executable, "-m", "edgeinfer.cli", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_without_a_gpu_warns_and_answers(tiny):
+    """The real CUDA target on this machine: no driver, so one warning and the CPU (on a
+    machine with a GPU, the offload lines instead)."""
+    path = tiny("llama", Q.Q8_0)
+    done = _cli("run", path, "-ngl", "all", "-n", "2", "--temp", "0", "--raw", "-p", "the",
+                sim="0")
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines()
+             if "gpu-layers" in line or "layers to GPU" in line]
+    assert notes in (["warning: --gpu-layers: no CUDA device or driver found; running on the "
+                      "CPU"], ["load_tensors: offloading 2 repeating layers to GPU",
+                               "load_tensors: offloaded 3/3 layers to GPU"])
+    assert done.stdout  # the answer, on stdout only
+
+
+def test_cli_rejects_a_bad_gpu_layers_value(tiny):
+    done = _cli("bench", tiny("llama", Q.Q8_0), "-ngl", "many", sim="1")
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error: --gpu-layers: expected a number, 'all' or 'auto', "
+                                   "got 'many'")

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-pytest.importorskip("numba.cuda", reason="numba-cuda not installed (extra: cuda)")
+from tests.cuda_helpers import cuda  # noqa: F401  (skips without numba-cuda)
+
 QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 
 

@@ -10,14 +10,14 @@ from edgeinfer.errors import EdgeInferError
 
 def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | None,
                   reps: int, n_ctx: int, as_json: bool, depth: int = 0,
-                  flash_attn: bool = False) -> None:
+                  flash_attn: bool = False, gpu_layers: int | str = 0) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from edgeinfer.api import Model
     from edgeinfer.bench import run_bench
-    from edgeinfer.commands.progress import status
+    from edgeinfer.commands.progress import note_printer, status
     from edgeinfer.process import set_threads, settle_heap
     from edgeinfer.pull import resolve_model
 
@@ -34,7 +34,8 @@ def bench_command(model: str | None, n_prompt: int, n_gen: int, threads: int | N
     with status(f"loading {path.name}") as update:
         loaded = Model.load(path, n_ctx=n_ctx or max(512, need), threads=threads,
                             progress=update, flash_attn=flash_attn,
-                            compile_helper=True)
+                            compile_helper=True, gpu_layers=gpu_layers,
+                            notes=note_printer())
     settle_heap()
     rows = run_bench(loaded, n_prompt, n_gen, reps, set_threads(threads), depth)
     if as_json:

@@ -1,5 +1,5 @@
 """`edgeinfer info MODEL`: what a GGUF file holds and what running it costs, without
-compiling anything (no numba import).
+compiling anything (numba is imported only to list CUDA devices, when numba-cuda is there).
 
 Every value from the file is data, never markup: rows are rich `Text` (no markup parsing) and
 file strings are made printable and cut (`errors.printable`), so a name holding `[/bad]` or an
@@ -57,6 +57,30 @@ def describe(path, gguf, config, n_ctx: int) -> list[tuple[str, str]]:
         ("memory", f"weights {_mib(weights)} (memory-mapped) + KV cache {_mib(kv)} "
                    f"(F16, {n_ctx} tokens) = {_mib(weights + kv)}"),
     ]
+    return rows + cuda_rows(gguf, config, n_ctx)
+
+
+def cuda_rows(gguf, config, n_ctx: int) -> list[tuple[str, str]]:
+    """Each CUDA device, its free memory and how many of the model's layers fit it (what
+    -ngl auto would offload), or why there is none."""
+    from edgeinfer.cuda import placement
+
+    devices = placement.cuda_devices()
+    if isinstance(devices, str):
+        return [("CUDA", devices)]
+    per_layer = [sum(t.n_bytes for name, t in gguf.tensors.items()
+                     if name.startswith(f"blk.{il}.") and len(t.shape) == 2)
+                 for il in range(config.n_layer)]
+    head = gguf.tensors.get("output.weight") or gguf.tensors.get("token_embd.weight")
+    kv = placement.kv_bytes(config, n_ctx, 1)
+    reserve = placement.CUDA_RESERVE + placement.buffer_bytes(config, 512)
+    rows = []
+    for d in devices:
+        n = placement.fit(d.free, [size + kv for size in per_layer],
+                          head.n_bytes if head else 0, reserve)
+        rows.append((f"CUDA{d.index}", f"{printable(d.name, 60)}, sm_{d.compute_capability[0]}"
+                     f"{d.compute_capability[1]}, {_mib(d.free)} free of {_mib(d.total)}: "
+                     f"{n}/{config.n_layer + 1} layers fit (-ngl auto)"))
     return rows
 
 

@@ -69,6 +69,24 @@ def products(linears, biases) -> list[Product]:
     return out
 
 
+def _runs(qtypes) -> int:
+    """Launches of a list of linears: one per run of consecutive equal types."""
+    return sum(1 for i, q in enumerate(qtypes) if i == 0 or q != qtypes[i - 1])
+
+
+def launches_per_step(blocks, head: bool) -> int:
+    """Kernel launches of one forward of the device layers `blocks` (and the head): per
+    layer the products plus rope_store, attention, a quantize, two add_norm_quant and
+    glu_quant; one more add_norm_quant before the first layer and one before the head."""
+    n = 1
+    for b in blocks:
+        n += sum(_runs([lin.fmt.qtype for lin in group]) for group in (
+            (b.attn_q, b.attn_k, b.attn_v), (b.attn_output,), (b.ffn_gate, b.ffn_up),
+            (b.ffn_down,)))
+        n += 6
+    return n + (2 if head else 0)
+
+
 def _vec(v, n=0):
     return cuda.to_device(np.zeros(n, np.float32) if v is None
                           else np.ascontiguousarray(v, np.float32))

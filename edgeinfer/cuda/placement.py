@@ -57,6 +57,8 @@ def cuda_devices() -> list[Device] | str:
     try:
         cuda = importlib.import_module("numba.cuda")
     except ImportError:
+        cuda = None
+    if getattr(cuda, "implementation", None) != "NVIDIA":  # not numba's deprecated built-in
         return "numba-cuda is not installed (pip install 'edgeinfer[cuda]')"
     if cuda.config.ENABLE_CUDASIM:
         import psutil

@@ -327,7 +327,8 @@ class Engine(threading.Thread):
         self.model = Model.load(self.model_path, n_ctx=opts.n_ctx, threads=opts.threads,
                                 n_slots=self.n_slots, n_batch=opts.n_batch,
                                 progress=distinct_stages(log.info),
-                                flash_attn=opts.flash_attn, compile_helper=True)
+                                flash_attn=opts.flash_attn, compile_helper=True,
+                                gpu_layers=opts.gpu_layers, notes=_log_note)
         if self.chat is None:  # the templates outlive a sleeping model
             self.chat = load_chat(self.model, self.settings.chat)
         settle_heap()
@@ -703,3 +704,8 @@ def slot_probs(row: np.ndarray, token: int, n_probs: int) -> TokenProbs:
 def _first_stop(text: str, stops: tuple[str, ...]) -> str:
     hits = [(text.find(s), s) for s in stops if s and s in text]
     return min(hits)[1] if hits else ""
+
+
+def _log_note(line: str) -> None:
+    """A load's lines (where the layers went; a warning when they cannot go) in the log."""
+    (log.warning if line.startswith("warning:") else log.info)(line)

@@ -48,6 +48,8 @@ def _flags() -> tuple[Flag, ...]:
         f(("-b", "--batch-size"), "N", "--batch-size"),
         f(("-t", "--threads"), "N", "--threads"),
         f(("-fa", "--flash-attn"), "on|off|auto", "--flash-attn"),
+        f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N|all|auto", "--gpu-layers",
+          help="layers on a CUDA GPU (the cuda extra); without one, the CPU"),
         f(("--api-key",), "KEY", "--api-key"),
         f(("--metrics",), None, "--metrics"),
         f(("--no-slots",), None, "--no-slots"),
@@ -84,7 +86,7 @@ def _flags() -> tuple[Flag, ...]:
         f(("--cache-idle-slots",), same=True, help="on unless --no-cache-idle-slots"),
         f(("--no-models-autoload",), same=True),
         # Accepted, not supported: named in the warning line.
-        f(("-ub", "--ubatch-size"), "N"), f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N"),
+        f(("-ub", "--ubatch-size"), "N"),
         f(("-ctk", "--cache-type-k"), "TYPE"), f(("-ctv", "--cache-type-v"), "TYPE"),
         f(("--swa-full",)),
         f(("--context-shift",)), f(("-gan", "--grp-attn-n"), "N"),

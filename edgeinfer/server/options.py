@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgeinfer.cuda.placement import parse_gpu_layers
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling import N_PREDICT, SamplingParams
 
@@ -41,6 +42,7 @@ class ServerSettings:
     n_batch: int = 512  # prompt tokens per forward pass
     threads: int | None = None
     flash_attn: bool = False
+    gpu_layers: int | str = 0  # -ngl: a count, "all" or "auto" (cuda/placement.py)
     api_keys: tuple[str, ...] = ()
     metrics: bool = False
     slots_endpoint: bool = True  # --no-slots: /slots answers 501
@@ -99,6 +101,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument("-t", "--threads", type=int, default=None)
     g.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="off",
                    help="flash attention, llama.cpp's -fa on numerics (auto: off)")
+    g.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", default="0", metavar="N",
+                   dest="gpu_layers", help="layers to offload to a CUDA GPU: the last N "
+                   "(n_layer + 1: the output layer too), all, or auto (as many as fit)")
     g.add_argument("-cram", "--cache-ram", type=int, default=1024, dest="cache_ram",
                    help="MiB of RAM for prompts no slot holds any more (0: off)")
     g.add_argument("-kvu", "--kv-unified", action="store_true",
@@ -199,7 +204,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         hosts=_split(args.host), port=args.port, n_ctx=args.n_ctx,
         n_slots=args.parallel if args.parallel > 0 else 4, n_batch=args.n_batch,
         threads=args.threads, flash_attn=args.flash_attn == "on",
-        api_keys=_split(args.api_key), metrics=args.metrics, slots_endpoint=not args.no_slots,
+        gpu_layers=parse_gpu_layers(args.gpu_layers), api_keys=_split(args.api_key),
+        metrics=args.metrics, slots_endpoint=not args.no_slots,
         aliases=_split(args.alias), tags=_split(args.tags), cache_ram_mib=args.cache_ram,
         cache_idle_slots=not args.no_cache_idle_slots, kv_unified=args.kv_unified,
         max_body_bytes=args.max_body_bytes, sse_ping_interval=args.sse_ping_interval,

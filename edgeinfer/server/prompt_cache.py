@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 from edgeinfer.server.prefix import PrefixTree

@@ -1,0 +1,118 @@
+"""CUDA offload on a machine with an NVIDIA GPU (issue 35): kernels, parity, speed. JSON out.
+
+    python scripts/check_cuda.py [MODEL.gguf ...] [-t THREADS] [--reps 3]
+        [--llama-bench /path/to/CUDA/llama-bench] [--json out.json]
+
+1. The CUDA kernel and offload tests on the real device (pytest, NUMBA_ENABLE_CUDASIM=0).
+2. Parity per model: -ngl all against the CPU path on GPL-3 text (128 positions): top-1
+   agreement, median and max logit difference (the golden bounds: top-1 agreement where the
+   margin is clear, median difference well under 0.12).
+3. Speed per model: pp512 and tg128 with -ngl all and on the CPU, alternating rounds, the
+   ratio GPU / CPU (targets: tg >= 3x, pp512 >= 10x), launches per token; and a CUDA build
+   of llama-bench -ngl 99 on the same file when --llama-bench names one.
+Without a GPU it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS = ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf")
+
+
+def kernel_tests() -> dict:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_cuda_kernels.py",
+                           "tests/test_cuda_offload.py", "tests/test_cuda_ptx.py"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:]}
+
+
+def parity(path: Path, threads: int | None) -> dict:
+    import numpy as np
+
+    from edgeinfer.api import Model
+
+    text = (ROOT.parent / "shared" / "golden" / "GPL-3.txt")
+    ids = None
+    cpu = Model.load(path, n_ctx=256, threads=threads)
+    source = text.read_text() if text.exists() else "The quick brown fox. " * 100
+    ids = cpu.tokenize(source)[:128]
+    a = cpu.logits(ids)
+    gpu = Model.load(path, n_ctx=256, threads=threads, gpu_layers="all")
+    b = gpu.logits(ids)
+    top2 = np.sort(a, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.3
+    diff = np.abs(a - b)
+    return {"positions": len(ids), "top1_agree": float((a.argmax(1) == b.argmax(1)).mean()),
+            "top1_agree_clear": float((a.argmax(1) == b.argmax(1))[clear].mean()),
+            "median_logit_diff": float(np.median(diff)), "max_logit_diff": float(diff.max())}
+
+
+def speed(path: Path, threads: int | None, reps: int) -> dict:
+    from edgeinfer.api import Model
+    from edgeinfer.bench import run_bench
+    from edgeinfer.process import set_threads
+
+    n_threads = set_threads(threads)
+    models = {"cpu": Model.load(path, n_ctx=1024, threads=threads),
+              "cuda": Model.load(path, n_ctx=1024, threads=threads, gpu_layers="all")}
+    samples: dict[str, dict[str, list[float]]] = {k: {"pp512": [], "tg128": []} for k in models}
+    launches = 0.0
+    for _ in range(reps):  # alternate, so machine noise hits both alike
+        for name, model in models.items():
+            for row in run_bench(model, 512, 128, 1, n_threads):
+                samples[name][row.test].append(row.avg_ts)
+                if name == "cuda" and row.test == "tg128":
+                    launches = row.launches_per_token
+    med = {name: {test: statistics.median(v) for test, v in tests.items()}
+           for name, tests in samples.items()}
+    return {"threads": n_threads, "tokens_per_s": med, "launches_per_token": launches,
+            "ratio": {test: med["cuda"][test] / med["cpu"][test] for test in ("pp512", "tg128")}}
+
+
+def llama_bench(binary: str, path: Path) -> list[dict]:
+    done = subprocess.run([binary, "-m", str(path), "-ngl", "99", "-p", "512", "-n", "128",
+                           "-o", "json"], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else [{"error": done.stderr[-500:]}]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--llama-bench", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from edgeinfer.cuda.placement import cuda_devices
+    from edgeinfer.pull import models_dir
+
+    devices = cuda_devices()
+    if isinstance(devices, str):
+        print(json.dumps({"gpu": None, "reason": devices}))
+        return 2
+    paths = [Path(m) for m in args.models] or [models_dir() / m for m in DEFAULT_MODELS]
+    result = {"gpu": [vars(d) for d in devices], "kernel_tests": kernel_tests(), "models": {}}
+    for path in paths:
+        entry = {"parity": parity(path, args.threads),
+                 "speed": speed(path, args.threads, args.reps)}
+        if args.llama_bench:
+            entry["llama_bench_cuda"] = llama_bench(args.llama_bench, path)
+        result["models"][path.name] = entry
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
