@@ -13,6 +13,7 @@ class Recorder:
     """Records (first position, n tokens, n logit rows) of every forward."""
 
     flash_attn = False
+    device, gpu_layers = None, 0  # all on the CPU
 
     def __init__(self):
         self.calls: list[tuple[int, int, int]] = []

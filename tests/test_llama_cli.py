@@ -91,9 +91,15 @@ def test_spellings():
 
 
 def test_already_so_flags_are_silent_and_each_unsupported_flag_is_named_once():
-    out = translate(["-m", "m.gguf", "--offline", "-cb", "--slots", "-ngl", "1",
-                     "--n-gpu-layers", "2", "--lora", "x"])
-    assert out.unsupported == ["-ngl", "--n-gpu-layers", "--lora"]
+    out = translate(["-m", "m.gguf", "--offline", "-cb", "--slots", "-ub", "1",
+                     "--ubatch-size", "2", "--lora", "x"])
+    assert out.unsupported == ["-ub", "--ubatch-size", "--lora"]
+
+
+def test_gpu_layers_pass_through():
+    out = translate(["-m", "m.gguf", "-ngl", "99"])
+    assert out.unsupported == []
+    assert out.serve_args[-2:] == ["--gpu-layers", "99"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -122,13 +128,13 @@ def test_main_warns_once_and_runs_serve(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr("edgeinfer.server.__main__.main",
                         lambda args, prog: calls.append(args) or 0)
-    argv = [*PRESET, "--lora", "x.gguf", "-ngl", "99"]
+    argv = [*PRESET, "--lora", "x.gguf", "-ub", "99"]
     with pytest.raises(SystemExit) as exit_:
         llama_cli.main(argv)
     assert exit_.value.code == 0
     assert calls == [translate(argv).serve_args]
     assert capsys.readouterr().err == ("warning: not supported by edgeinfer, ignored: --lora, "
-                                       "-ngl\n")
+                                       "-ub\n")
 
 
 def test_forwarded_options_exist_in_edgeinfer_serve():
