@@ -175,3 +175,30 @@ def test_cli_rejects_a_bad_gpu_layers_value(tiny):
     assert done.returncode == 1
     assert done.stderr.strip() == ("error: --gpu-layers: expected a number, 'all' or 'auto', "
                                    "got 'many'")
+
+
+def test_server_batches_offloaded_slots(tiny):
+    """A real server process with every layer on the (simulated) device: two concurrent
+    greedy requests share forward passes and each gets what it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.test_server_harness import ServerProcess
+
+    srv = ServerProcess(tiny("llama", Q.Q8_0), "-np", "2", "-c", "64", "-ngl", "all")
+    try:
+        def complete(prompt):
+            r = httpx.post(srv.url + "/completion", timeout=300, json={
+                "prompt": prompt, "n_predict": 2, "temperature": 0, "cache_prompt": False})
+            assert r.status_code == 200, r.text
+            return r.json()["content"]
+
+        prompts = ["the cat", "on the"]
+        alone = [complete(p) for p in prompts]
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(complete, prompts))
+        assert together == alone and all(alone)
+        assert "load_tensors: offloaded 3/3 layers to GPU" in srv.log_text()
+    finally:
+        srv.stop()
