@@ -87,6 +87,12 @@ def run(
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
     gpu_layers: str = GPU_LAYERS,
+    host: str | None = typer.Option(
+        None, "--host", metavar="URL",
+        help="Use the edgeinfer server at URL (default: $EDGEINFER_HOST, else "
+             "127.0.0.1:8080 when one answers there and serves MODEL)."),
+    local: bool = typer.Option(False, "--local", help="Load the model here even when a "
+                                                      "server is running."),
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
     system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
@@ -119,7 +125,7 @@ def run(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
             flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema,
-            gpu_layers=parse_gpu_layers(gpu_layers)))
+            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local))
 
     _guard(start)
 

@@ -25,6 +25,8 @@ class RunOptions:
     grammar: str | None = None  # GBNF, or Lark after %llguidance
     json_schema: str | None = None  # a JSON schema's text
     gpu_layers: int | str = 0  # -ngl: a count, "all" or "auto"
+    host: str | None = None  # a running server to use (commands/remote.py)
+    local: bool = False  # never use a running server
 
 
 def run_command(opts: RunOptions) -> None:
@@ -37,6 +39,13 @@ def run_command(opts: RunOptions) -> None:
     if not opts.prompt.strip():
         raise EdgeInferError("empty prompt: nothing to generate from")
     sampler = make_sampler(opts.sampling)
+    if not opts.local:
+        from edgeinfer.commands.remote import find_server, run_remote
+
+        base = find_server(opts.host, opts.model)
+        if base is not None:
+            run_remote(base, opts)
+            return
     with byte_progress(opts.quiet) as report:
         path = resolve_model(opts.model, report)
     with status(f"loading {path.name}", opts.quiet) as update:
