@@ -96,6 +96,14 @@ def test_already_so_flags_are_silent_and_each_unsupported_flag_is_named_once():
     assert out.unsupported == ["-ub", "--ubatch-size", "--lora"]
 
 
+def test_no_model_is_router_mode_over_the_pulled_models():
+    from edgeinfer.pull import models_dir
+
+    assert translate(["--port", "8080"]).serve_args[:2] == ["--models-dir", str(models_dir())]
+    out = translate(["--models-dir", "/m", "--models-max", "2"])
+    assert out.serve_args == ["--models-dir", "/m", "--models-max", "2"]
+
+
 def test_gpu_layers_pass_through():
     out = translate(["-m", "m.gguf", "-ngl", "99"])
     assert out.unsupported == []
@@ -108,7 +116,6 @@ def test_gpu_layers_pass_through():
     (["-m", "m.gguf", "--metrics=1"], "--metrics takes no value"),
     (["-m", "m.gguf", "--port", "x"], "--port takes an integer"),
     (["-m", "m.gguf", "-fa", "maybe"], "unknown value for -fa"),
-    (["--port", "8080"], "router mode"),
     (["-hf", "org/model"], "--hf-repo: models are not downloaded here"),
 ])
 def test_usage_errors(argv, message):

@@ -9,8 +9,9 @@ from edgeinfer.errors import EdgeInferError
 
 def main(argv: list[str] | None = None, prog: str = "python -m edgeinfer.server") -> int:
     """Parse the flags (options.py), resolve the model and serve; errors are one line."""
-    from edgeinfer.server.options import build_parser, settings_from_args
+    from edgeinfer.server.options import build_parser, settings_from_args, worker_args
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(prog).parse_args(argv)
     try:
         from edgeinfer.pull import resolve_model
@@ -21,7 +22,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m edgeinfer.server"
         except ImportError:
             raise EdgeInferError(
                 "the server needs the 'serve' extra: pip install 'edgeinfer[serve]'") from None
-        serve(resolve_model(args.model), settings)
+        if args.model is None and args.models_dir is not None:  # router mode
+            from edgeinfer.server.router import serve_router
+
+            serve_router(args.models_dir, worker_args(argv), settings, args.models_max,
+                         args.keep_alive)
+        else:
+            serve(resolve_model(args.model), settings)
     except EdgeInferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -48,6 +48,9 @@ def _flags() -> tuple[Flag, ...]:
         f(("-b", "--batch-size"), "N", "--batch-size"),
         f(("-t", "--threads"), "N", "--threads"),
         f(("-fa", "--flash-attn"), "on|off|auto", "--flash-attn"),
+        f(("--models-dir",), "PATH", "--models-dir",
+          help="router mode (no -m): every GGUF file in PATH, loaded on demand"),
+        f(("--models-max",), "N", "--models-max"),
         f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N|all|auto", "--gpu-layers",
           help="layers on a CUDA GPU (the cuda extra); without one, the CPU"),
         f(("--api-key",), "KEY", "--api-key"),
@@ -102,8 +105,7 @@ def _flags() -> tuple[Flag, ...]:
         f(("--spec-type",), "TYPES"), f(("--spec-draft-n-max",), "N"),
         f(("--spec-draft-n-min",), "N"), f(("--spec-synth-len",), "L"),
         f(("--spec-synth-rates",), "P0,P1,..."),
-        f(("--models-dir",), "PATH"), f(("--models-preset",), "PATH"),
-        f(("--models-max",), "N"), f(("--models-autoload",)),
+        f(("--models-preset",), "PATH"), f(("--models-autoload",)),
         f(("--ui", "--webui")), f(("--ui-mcp-proxy", "--webui-mcp-proxy")),
         f(("--tools",), "TOOL1,TOOL2,..."), f(("--tools-runtime",), "OPTION"),
         f(("--mcp-servers-config",), "PATH"), f(("--mcp-servers-json",), "JSON"),
@@ -159,12 +161,16 @@ def translate(argv: list[str]) -> Translation:
     """llama-server's command line -> `edgeinfer serve`'s, and the unsupported flags."""
     parsed = parse(argv)
     given = {flag.names[-1]: value for flag, _, value in parsed}
+    out = Translation([])
     if "--model" not in given:
         hub = [n for n in ("--hf-repo", "--model-url") if n in given]
-        raise UsageError("no model: give -m FILE" + (
-            f" ({' and '.join(hub)}: models are not downloaded here)" if hub else
-            " (llama-server's router mode, without a model, is not supported)"))
-    out = Translation([])
+        if hub:
+            raise UsageError(f"no model: give -m FILE ({' and '.join(hub)}: models are not "
+                             f"downloaded here)")
+        if "--models-dir" not in given:  # router mode over the pulled models
+            from edgeinfer.pull import models_dir
+
+            out.serve_args += ["--models-dir", str(models_dir())]
     for flag, name, value in parsed:
         if flag.serve is not None:
             _forward(out, flag, name, value, given)

@@ -172,9 +172,40 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                 usage=f"{prog} [MODEL] [flags]")
     p.add_argument("model", nargs="?", default=None,
                    help="GGUF file or known model name (default: smollm2)")
-    for add in (_add_network, _add_engine, _add_api, _add_defaults, _add_chat):
+    for add in (_add_network, _add_engine, _add_api, _add_defaults, _add_chat, _add_router):
         add(p)
     return p
+
+
+ROUTER_FLAGS = {"--models-dir": True, "--models-max": True, "--keep-alive": True,
+                "--host": True, "--port": True}  # the router's own; True: takes a value
+
+
+def _add_router(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("router mode (no MODEL)")
+    g.add_argument("--models-dir", type=Path, default=None, metavar="DIR",
+                   help="serve every GGUF file in DIR (and the pulled models), each loaded "
+                        "in its own process when a request names it")
+    g.add_argument("--models-max", type=int, default=4, metavar="N",
+                   help="models loaded at once; past it the least recently used idle one "
+                        "is unloaded (default 4)")
+    g.add_argument("--keep-alive", type=float, default=-1.0, metavar="SECONDS",
+                   help="unload a model idle this long (default -1: never); a request's "
+                        "keep_alive overrides it for its model")
+
+
+def worker_args(argv: list[str]) -> list[str]:
+    """A router's command line without its own flags and without a model: what each
+    worker process gets."""
+    out, i = [], 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in ROUTER_FLAGS:
+            i += 1 if "=" in argv[i] or not ROUTER_FLAGS[name] else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def _split(value: str | None) -> tuple[str, ...]:
