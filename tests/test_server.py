@@ -304,6 +304,8 @@ def test_malformed_json_is_400(server):
     {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
     {"messages": [{"role": "user", "content": "x"}], "n": 5},
     {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}},
+    {"messages": [{"role": "user", "content": "x"}],  # found by tests/test_server_fuzz.py
+     "response_format": {"type": "text", "schema": 0.0}},
 ])
 def test_bad_fields_are_400(server, body):
     error_of(post(server, "/v1/chat/completions", body), 400, "invalid_request_error")

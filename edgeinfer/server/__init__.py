@@ -39,8 +39,10 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
     failures: list[BaseException] = []
     socks = _bind_all(settings.hosts, settings.port)
     # uvicorn's own graceful wait runs after DrainingServer's bounded one: a backstop only
-    config = uvicorn.Config(None, log_level="warning", timeout_keep_alive=30,
-                            timeout_graceful_shutdown=FLUSH_SECONDS)
+    # asyncio and h11 whatever else is installed (ray[serve] brings uvloop and httptools):
+    # the server behaves the same everywhere
+    config = uvicorn.Config(None, log_level="warning", timeout_keep_alive=30, loop="asyncio",
+                            http="h11", timeout_graceful_shutdown=FLUSH_SECONDS)
 
     def on_fail(exc: BaseException) -> None:
         failures.append(exc)

@@ -265,6 +265,8 @@ def _response_format(value: Any) -> tuple[Constraint | None, bool]:
                           f'"json_schema", got {value!r:.60}')
     kind = value["type"]
     if kind == "text":
+        if value.get("schema") is not None and not isinstance(value["schema"], dict):
+            raise bad_request("'response_format.schema' must be an object")
         return None, False
     if kind == "json_object":
         schema = value.get("schema")

@@ -31,5 +31,6 @@ def serve_router(models_dir: Path | None, worker_args: list[str], settings,
     app = create_router_app(pool, settings.api_keys)
     log.info("listening on %s (router: %d models, at most %d loaded)",
              ", ".join(_url(s) for s in socks), len(models), models_max)
-    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=30)
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=30, loop="asyncio",
+                            http="h11")
     uvicorn.Server(config).run(sockets=socks)

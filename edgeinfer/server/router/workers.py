@@ -100,7 +100,8 @@ class Pool:
         argv = [sys.executable, "-m", "edgeinfer.server", str(w.path), *self.worker_args,
                 "--host", "127.0.0.1", "--port", "0"]
         w.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                  preexec_fn=_die_with_parent)
         try:
             w.url = await asyncio.wait_for(asyncio.to_thread(self._await_ready, w),
                                            START_TIMEOUT)
@@ -171,3 +172,13 @@ def _wait_healthy(url: str, w: Worker, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.05)
     raise RuntimeError("the worker never became healthy")
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: SIGTERM when the router (or Ray replica) dies, however
+    it dies (Linux; elsewhere the router's own shutdown stops its workers)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
