@@ -52,10 +52,14 @@ def answer(url) -> str:
 
 
 def replica_pids() -> list[int]:
-    from ray.util.state import list_actors
+    """Ray titles a replica's process `ray::ServeReplica:APP:DEPLOYMENT`."""
+    import psutil
 
-    return [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")])
-            if a.class_name.startswith("ServeReplica:edgeinfer")]
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any("ServeReplica:edgeinfer" in a for a in p.info["cmdline"] or ()):
+            found.append(p.pid)
+    return found
 
 
 def test_openai_client_through_ray_serve(cluster):
