@@ -29,7 +29,8 @@ class Model:
              n_slots: int = 1, n_batch: int = 512,
              progress: Callable[[str], None] | None = None, flash_attn: bool = False,
              compile_helper: bool = False, gpu_layers: int | str | None = 0,
-             notes: Callable[[str], None] | None = None) -> Model:
+             notes: Callable[[str], None] | None = None,
+             warm_up: bool | None = True) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages; on a first
         run (kernels not yet in Numba's disk cache) one per kernel as it compiles, then a
@@ -37,27 +38,32 @@ class Model:
         compile_helper: on a first run, a second process compiles kernels meanwhile
         (kernels/precompile.py; the CLI's choice). gpu_layers: llama.cpp's -ngl, a count,
         'all' or 'auto' (the `cuda` extra); without a CUDA device the model runs on the CPU.
-        `notes` receives the lines worth keeping: where the layers went, or why not."""
+        `notes` receives the lines worth keeping: where the layers went, or why not.
+        warm_up: run a prefill and a decode step before returning, so the first request
+        pays no kernel load (a server's choice); None: only when kernels had to be compiled
+        (a cold cache: compiled under the progress messages, not at the first token)."""
         from edgeinfer.kernels import precompile
 
-        helper = []
+        helper, cold = [], []
 
         with GcPause() as pause:
             def on_compile() -> None:  # the first compile: the cache is cold
+                cold.append(True)
                 pause.resume()
                 if compile_helper:
                     helper.append(precompile.start(path, flash_attn))
 
             try:
                 return cls._load(path, n_ctx, threads, n_slots, n_batch, progress,
-                                 on_compile, flash_attn, gpu_layers, notes)
+                                 on_compile, flash_attn, gpu_layers, notes,
+                                 lambda: warm_up or (warm_up is None and bool(cold)))
             finally:
                 for child in helper:
                     precompile.stop(child)
 
     @classmethod
     def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,
-              flash_attn, gpu_layers=0, notes=None) -> Model:
+              flash_attn, gpu_layers=0, notes=None, warm_up=lambda: True) -> Model:
         from edgeinfer.cuda.placement import parse_gpu_layers, place
         from edgeinfer.model import Transformer
         from edgeinfer.tokenizer import Tokenizer
@@ -82,7 +88,8 @@ class Model:
             model = cls(Path(path), config, tokenizer, transformer,
                         meta.get("tokenizer.chat_template"),
                         meta.get("tokenizer.chat_template.tool_use"))
-            model._warm_up()
+            if warm_up():
+                model._warm_up()
         return model
 
     def _warm_up(self) -> None:

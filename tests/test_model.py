@@ -324,3 +324,15 @@ def test_element_wise_kernels_get_outputs_apart_from_inputs(model_dir, arch, mon
     names = {name for name, _ in calls}
     assert {"rms_norm", "add_inplace"} <= names and names & {"swiglu", "geglu"}
     assert not [name for name, aliased in calls if aliased]
+
+
+def test_warm_up_only_when_asked_or_when_the_cache_was_cold(model_dir, monkeypatch):
+    """`run` loads with warm_up=None: with every kernel already in Numba's cache, its own
+    prefill loads them, so the warm-up forwards (a 32-token prefill and a step) are skipped."""
+    path, _ = load(model_dir, "llama", Q.Q8_0)  # kernels compiled and cached by now
+    calls = []
+    monkeypatch.setattr(Model, "_warm_up", lambda self: calls.append(True))
+    Model.load(path, n_ctx=64, warm_up=None)
+    assert calls == []
+    Model.load(path, n_ctx=64)
+    assert calls == [True]

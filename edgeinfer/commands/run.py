@@ -54,7 +54,8 @@ def run_command(opts: RunOptions) -> None:
 
         model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
                            flash_attn=opts.flash_attn, compile_helper=True,
-                           gpu_layers=opts.gpu_layers, notes=note_printer(opts.quiet))
+                           gpu_layers=opts.gpu_layers, notes=note_printer(opts.quiet),
+                           warm_up=None)  # one prompt: its own prefill loads the kernels
         settle_heap()
     ids = model.tokenize(build_prompt(model, opts))
     constraint = model.constraint(opts.grammar, opts.json_schema)
