@@ -164,7 +164,14 @@ def test_attention_online_softmax(window):
     q = rng.standard_normal((3, n_head, hd)).astype(np.float32)
     out = np.zeros((3, n_head * hd), np.float32)
     scale = np.float32(1 / np.sqrt(hd))
-    attention[(n_head, 3), 32](q, k_cache, v_cache, slots, positions, window, scale, out)
+    xq = np.zeros((3, n_head * hd // 4), np.int32)  # its Q8_1 blocks, fused (hd % 32 == 0)
+    xd, xs = (np.zeros((3, n_head * hd // 32), np.float32) for _ in range(2))
+    attention[(n_head, 3), 32](q, k_cache, v_cache, slots, positions, window, scale, out,
+                               xq, xd, xs)
+    q8, d8, s8 = q8_1_reference(out)
+    np.testing.assert_array_equal(xq.view(np.int8), q8)
+    np.testing.assert_array_equal(xd, d8)
+    np.testing.assert_allclose(xs, s8, rtol=1e-6)
     for t in range(3):
         p, s = positions[t], slots[t]
         lo = max(0, p - window + 1) if window else 0

@@ -22,11 +22,12 @@ SMALL = dict(n_embd=32, n_ff=64, n_head=4, n_kv=2, head_dim=8, n_layer=2)
 def tiny(tmp_path_factory):
     made = {}
 
-    def get(arch, qtype):
-        if (arch, qtype) not in made:
-            path = tmp_path_factory.mktemp("cuda") / f"{arch}-{qtype.name}.gguf"
-            made[arch, qtype] = write_tiny_model(path, arch, qtype, **SMALL)
-        return made[arch, qtype]
+    def get(arch, qtype, head_dim=SMALL["head_dim"]):
+        key = arch, qtype, head_dim
+        if key not in made:
+            path = tmp_path_factory.mktemp("cuda") / f"{arch}-{qtype.name}-{head_dim}.gguf"
+            made[key] = write_tiny_model(path, arch, qtype, **{**SMALL, "head_dim": head_dim})
+        return made[key]
 
     return get
 
@@ -43,11 +44,12 @@ def agree(ours, cpu):
 
 @pytest.mark.parametrize("arch,qtype,ngl", [
     ("llama", Q.Q8_0, "all"),  # every layer and the output head
-    ("gemma3", Q.Q4_0, 1),  # the last layer only: post-norms, q/k norms, GeGLU, a window
+    ("gemma3", Q.Q4_0, 1),  # the last layer only: post-norms, q/k norms, GeGLU, a window;
+    # head_dim 32: attention quantizes its own output
     ("qwen2", Q.Q5_1, 2),  # both layers, the head on the CPU: biases
 ], ids=["llama-all", "gemma3-1", "qwen2-2"])
 def test_offloaded_logits_match_the_cpu(tiny, arch, qtype, ngl):
-    path = tiny(arch, qtype)
+    path = tiny(arch, qtype, 32 if arch == "gemma3" else SMALL["head_dim"])
     cpu = Model.load(path, n_ctx=32).logits(TOKENS)
     lines = []
     model = Model.load(path, n_ctx=32, gpu_layers=ngl, notes=lines.append)
@@ -78,8 +80,9 @@ def test_decode_and_batched_slots_on_the_device(tiny):
     agree(out, full[[3, 3]])
     from edgeinfer.cuda.offload import launches_per_step
 
-    per_step = launches_per_step(tf.weights.blocks, head=True)
+    per_step = launches_per_step(tf.weights.blocks, head=True, head_dim=8)
     assert per_step == 1 + 2 * 10 + 2  # Q8_0 throughout: q/k/v and gate/up one launch each
+    assert launches_per_step(tf.weights.blocks, True, 64) == 1 + 2 * 9 + 2  # fused quantize
     assert tf.device.launches == 5 * per_step  # five forwards, one logits row each
 
 

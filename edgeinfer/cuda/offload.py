@@ -74,16 +74,17 @@ def _runs(qtypes) -> int:
     return sum(1 for i, q in enumerate(qtypes) if i == 0 or q != qtypes[i - 1])
 
 
-def launches_per_step(blocks, head: bool) -> int:
+def launches_per_step(blocks, head: bool, head_dim: int) -> int:
     """Kernel launches of one forward of the device layers `blocks` (and the head): per
-    layer the products plus rope_store, attention, a quantize, two add_norm_quant and
-    glu_quant; one more add_norm_quant before the first layer and one before the head."""
+    layer the products plus rope_store, attention (with its output's quantization when
+    head_dim is a multiple of 32, else one more launch), two add_norm_quant and glu_quant;
+    one more add_norm_quant before the first layer and one before the head."""
     n = 1
     for b in blocks:
         n += sum(_runs([lin.fmt.qtype for lin in group]) for group in (
             (b.attn_q, b.attn_k, b.attn_v), (b.attn_output,), (b.ffn_gate, b.ffn_up),
             (b.ffn_down,)))
-        n += 6
+        n += 5 if head_dim % mm.QBLOCK == 0 else 6
     return n + (2 if head else 0)
 
 
@@ -224,10 +225,13 @@ class DeviceLayers:
                      layer.q_norm, layer.k_norm, self.eps, cos, sin, const.rope_neox,
                      c.n_rot, np.float32(const.q_scale), b.positions[:n], b.slots[:n],
                      b.q[:n], b.k[:n], k_cache, v_cache)  # q (n, n_head, hd)
+            fused = c.head_dim % mm.QBLOCK == 0  # attention writes the Q8_1 blocks too
             self._go(attn_k.attention, (c.n_head, n), mm.WARP, b.q[:n], k_cache, v_cache,
-                     b.slots[:n], b.positions[:n], window, const.score_scale, b.attn[:n])
-            grid, block = mm.quantize_grid(n, b.attn.shape[1])
-            self._go(mm.quantize_q8_1, grid, block, b.attn[:n], b.xq, b.xd, b.xs, n)
+                     b.slots[:n], b.positions[:n], window, const.score_scale, b.attn[:n],
+                     *((b.xq, b.xd, b.xs) if fused else b.no_blocks))
+            if not fused:
+                grid, block = mm.quantize_grid(n, b.attn.shape[1])
+                self._go(mm.quantize_q8_1, grid, block, b.attn[:n], b.xq, b.xd, b.xs, n)
             self._product(layer.output, b.attn, n, b.o)  # (n, n_embd)
             self._go(norms.add_norm_quant, n, self.nt, x, b.o[:n], layer.post_attention_norm,
                      layer.ffn_norm, self.eps, b.every_row, b.h, b.xq, b.xd, b.xs)
@@ -279,5 +283,8 @@ class DeviceBuffers:
                                                  for _ in range(3))
         self.logits = f32(logit_rows, c.n_vocab)
         self.every_row = cuda.to_device(np.arange(n, dtype=np.int32))  # rows as they are
+        self.no_blocks = (cuda.to_device(np.zeros((0, 1), np.int32)),  # attention: do not
+                          cuda.to_device(np.zeros((0, 1), np.float32)),  # quantize
+                          cuda.to_device(np.zeros((0, 1), np.float32)))
         self.none = cuda.to_device(np.zeros(0, np.float32))  # an absent norm weight
         self.no_rows = cuda.to_device(np.zeros((0, c.n_embd), np.float32))  # no residual

@@ -39,7 +39,7 @@ def kernel_signatures() -> dict[str, tuple]:
         f32_2, f32_1, f32_1, t.float32, f32_2, f32_2, t.boolean, t.int64, t.float32, i32_1,
         i32_1, f32_3, f32_3, f16_4, f16_4))
     found["attention"] = (attention.attention, (f32_3, f16_4, f16_4, i32_1, i32_1, t.int64,
-                                                t.float32, f32_2))
+                                                t.float32, f32_2, *act))
     return found
 
 

@@ -17,7 +17,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from edgeinfer.cuda.kernels.prims import WARP, block_max, block_sum
+from edgeinfer.cuda.kernels.matmul import round_half_away
+from edgeinfer.cuda.kernels.prims import WARP, block_max, block_sum, to_i32
 
 MAX_HD = 256  # head dims a warp's registers hold
 PER_LANE = MAX_HD // WARP  # (8 per lane; array shapes must be constants)
@@ -78,11 +79,33 @@ def rope_store(qkv, q_norm, k_norm, eps, cos, sin, neox, n_rot, q_scale, positio
         v_cache[slot, kvh, pos, i] = qkv[t, v0 + i]
 
 
+@cuda.jit(device=True)
+def _quantize_lanes(v, t, b, lane, red, scratch, xq, xd, xs):
+    """The warp's 32 values (one per lane) as Q8_1 block b of token t (matmul.py's
+    quantize_block, across lanes): scratch holds the int8s while 8 lanes pack them."""
+    amax = block_max(abs(v), red, lane, WARP)
+    d = amax / np.float32(127)
+    q = int(round_half_away(v * (np.float32(1) / d))) if d > 0 else 0
+    total = block_sum(np.float32(q), red, lane, WARP)
+    scratch[lane] = q
+    cuda.syncthreads()
+    if lane < 8:
+        packed = 0
+        for i in range(4):
+            packed |= (int(scratch[4 * lane + i]) & 0xFF) << (8 * i)
+        xq[t, 8 * b + lane] = to_i32(packed)
+    if lane == 0:
+        xd[t, b] = d
+        xs[t, b] = d * total
+    cuda.syncthreads()
+
+
 @cuda.jit
-def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out):
+def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out, xq, xd, xs):
     """out[t, h] = softmax(q[t, h] . K^T * score_scale) . V over the token's visible cells;
     head h = blockIdx.x, token t = blockIdx.y, one warp. q (n, n_head, hd) f32,
-    out (n, n_head * hd) f32."""
+    out (n, n_head * hd) f32; and, when xq has rows (hd a multiple of 32), out's Q8_1 blocks
+    for the output projection, each block 32 dims of one head: one launch fewer a layer."""
     h, t, lane = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     red = cuda.shared.array(WARP, np.float32)
     probs = cuda.shared.array(WARP, np.float32)
@@ -121,7 +144,11 @@ def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out):
                 acc[r] = a
         cuda.syncthreads()
         m = m_new
+    quantize = xq.shape[0] > 0
     for r in range(PER_LANE):
         d = lane + WARP * r
         if d < hd:
             out[t, h * hd + d] = acc[r] / total
+        if quantize and WARP * r < hd:  # the whole warp: 32 dims, one Q8_1 block
+            _quantize_lanes(acc[r] / total, t, (h * hd + WARP * r) // WARP, lane, red, qs,
+                            xq, xd, xs)
