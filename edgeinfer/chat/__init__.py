@@ -32,35 +32,29 @@ Lower level: `prepare_chat(templates, ChatInputs(...))` renders typed inputs;
 formats; `render_chat` renders a template directly (edgeinfer.api uses it).
 """
 
-from edgeinfer.chat.grammar import GrammarTrigger
-from edgeinfer.chat.message import ChatMsg, ContentPart, MsgDiff, ToolCall, msg_diffs
-from edgeinfer.chat.parser import ChatParseError, ChatParser, ChatSyntax, gen_tool_call_id
-from edgeinfer.chat.prompt import (
-    ChatInputs,
-    ChatPrompt,
-    ChatTemplates,
-    ChatTool,
-    init_templates,
-    prepare_chat,
-    supports_enable_thinking,
-    verify_template,
-)
-from edgeinfer.chat.request import (
-    ChatRequestError,
-    ChatSettings,
-    chat_inputs,
-    chat_prompt,
-    chat_settings,
-    messages_from_json,
-    tools_from_json,
-)
-from edgeinfer.chat.template import CHATML_TEMPLATE, compile_template, render_chat
+from __future__ import annotations
 
-__all__ = [
-    "CHATML_TEMPLATE", "ChatInputs", "ChatMsg", "ChatParseError", "ChatParser", "ChatPrompt",
-    "ChatRequestError", "ChatSettings", "ChatSyntax", "ChatTemplates", "ChatTool",
-    "ContentPart", "GrammarTrigger", "MsgDiff", "ToolCall", "chat_inputs", "chat_prompt",
-    "chat_settings", "compile_template", "gen_tool_call_id", "init_templates",
-    "messages_from_json", "msg_diffs", "prepare_chat", "render_chat", "supports_enable_thinking",
-    "tools_from_json", "verify_template",
-]
+import importlib
+
+# Each public name and its module, imported on first use: `edgeinfer run` needs only
+# render_chat (template.py), not the parser and analysis the server uses.
+_MODULES = {
+    "grammar": ("GrammarTrigger",),
+    "message": ("ChatMsg", "ContentPart", "MsgDiff", "ToolCall", "msg_diffs"),
+    "parser": ("ChatParseError", "ChatParser", "ChatSyntax", "gen_tool_call_id"),
+    "prompt": ("ChatInputs", "ChatPrompt", "ChatTemplates", "ChatTool", "init_templates",
+               "prepare_chat", "supports_enable_thinking", "verify_template"),
+    "request": ("ChatRequestError", "ChatSettings", "chat_inputs", "chat_prompt",
+                "chat_settings", "messages_from_json", "tools_from_json"),
+    "template": ("CHATML_TEMPLATE", "compile_template", "render_chat"),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'edgeinfer.chat' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"edgeinfer.chat.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
