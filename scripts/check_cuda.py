@@ -1,7 +1,7 @@
 """CUDA offload on a machine with an NVIDIA GPU (issue 35): kernels, parity, speed. JSON out.
 
-    python scripts/check_cuda.py [MODEL.gguf ...] [-t THREADS] [--reps 3]
-        [--llama-bench /path/to/CUDA/llama-bench] [--json out.json]
+    python scripts/check_cuda.py [MODEL.gguf ...] [-t THREADS] [--reps 3] [--positions 128]
+        [-p 512] [-n 128] [--llama-bench /path/to/CUDA/llama-bench] [--json out.json]
 
 1. The CUDA kernel and offload tests on the real device (pytest, NUMBA_ENABLE_CUDASIM=0).
 2. Parity per model: -ngl all against the CPU path on GPL-3 text (128 positions): top-1
@@ -35,16 +35,15 @@ def kernel_tests() -> dict:
     return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:]}
 
 
-def parity(path: Path, threads: int | None) -> dict:
+def parity(path: Path, threads: int | None, positions: int = 128) -> dict:
     import numpy as np
 
     from edgeinfer.api import Model
 
     text = (ROOT.parent / "shared" / "golden" / "GPL-3.txt")
-    ids = None
     cpu = Model.load(path, n_ctx=256, threads=threads)
     source = text.read_text() if text.exists() else "The quick brown fox. " * 100
-    ids = cpu.tokenize(source)[:128]
+    ids = cpu.tokenize(source)[:positions]
     a = cpu.logits(ids)
     gpu = Model.load(path, n_ctx=256, threads=threads, gpu_layers="all")
     b = gpu.logits(ids)
@@ -52,11 +51,13 @@ def parity(path: Path, threads: int | None) -> dict:
     clear = top2[:, 1] - top2[:, 0] > 0.3
     diff = np.abs(a - b)
     return {"positions": len(ids), "top1_agree": float((a.argmax(1) == b.argmax(1)).mean()),
-            "top1_agree_clear": float((a.argmax(1) == b.argmax(1))[clear].mean()),
+            "top1_agree_clear": (float((a.argmax(1) == b.argmax(1))[clear].mean())
+                                 if clear.any() else None),
             "median_logit_diff": float(np.median(diff)), "max_logit_diff": float(diff.max())}
 
 
-def speed(path: Path, threads: int | None, reps: int) -> dict:
+def speed(path: Path, threads: int | None, reps: int, n_prompt: int = 512,
+          n_gen: int = 128) -> dict:
     from edgeinfer.api import Model
     from edgeinfer.bench import run_bench
     from edgeinfer.process import set_threads
@@ -64,18 +65,19 @@ def speed(path: Path, threads: int | None, reps: int) -> dict:
     n_threads = set_threads(threads)
     models = {"cpu": Model.load(path, n_ctx=1024, threads=threads),
               "cuda": Model.load(path, n_ctx=1024, threads=threads, gpu_layers="all")}
-    samples: dict[str, dict[str, list[float]]] = {k: {"pp512": [], "tg128": []} for k in models}
+    pp, tg = f"pp{n_prompt}", f"tg{n_gen}"
+    samples: dict[str, dict[str, list[float]]] = {k: {pp: [], tg: []} for k in models}
     launches = 0.0
     for _ in range(reps):  # alternate, so machine noise hits both alike
         for name, model in models.items():
-            for row in run_bench(model, 512, 128, 1, n_threads):
+            for row in run_bench(model, n_prompt, n_gen, 1, n_threads):
                 samples[name][row.test].append(row.avg_ts)
-                if name == "cuda" and row.test == "tg128":
+                if name == "cuda" and row.test == tg:
                     launches = row.launches_per_token
     med = {name: {test: statistics.median(v) for test, v in tests.items()}
            for name, tests in samples.items()}
     return {"threads": n_threads, "tokens_per_s": med, "launches_per_token": launches,
-            "ratio": {test: med["cuda"][test] / med["cpu"][test] for test in ("pp512", "tg128")}}
+            "ratio": {test: med["cuda"][test] / med["cpu"][test] for test in (pp, tg)}}
 
 
 def llama_bench(binary: str, path: Path) -> list[dict]:
@@ -89,6 +91,9 @@ def main() -> int:
     ap.add_argument("models", nargs="*")
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--positions", type=int, default=128, help="parity positions")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -102,8 +107,8 @@ def main() -> int:
     paths = [Path(m) for m in args.models] or [models_dir() / m for m in DEFAULT_MODELS]
     result = {"gpu": [vars(d) for d in devices], "kernel_tests": kernel_tests(), "models": {}}
     for path in paths:
-        entry = {"parity": parity(path, args.threads),
-                 "speed": speed(path, args.threads, args.reps)}
+        entry = {"parity": parity(path, args.threads, args.positions),
+                 "speed": speed(path, args.threads, args.reps, args.n_prompt, args.n_gen)}
         if args.llama_bench:
             entry["llama_bench_cuda"] = llama_bench(args.llama_bench, path)
         result["models"][path.name] = entry
