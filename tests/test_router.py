@@ -118,3 +118,23 @@ def test_keep_alive_durations():
     for bad in ("soon", True, [1]):
         with pytest.raises(ApiError):
             parse_keep_alive(bad)
+
+
+def test_run_through_the_router(router, tmp_path):
+    """`edgeinfer run MODEL --host ROUTER`: the router picks the model by its file name."""
+    import os
+    import subprocess
+    import sys
+
+    (folder,) = {Path(a.split("=", 1)[1]) for a in router.proc.args
+                 if str(a).startswith("--models-dir=")}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "edgeinfer.cli", "run",
+                               str(folder / "beta.gguf"), "-n", "4", "--temp", "0", "-p", "hi",
+                               *args], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ))
+
+    remote, local = run("--host", router.url), run("--local")
+    assert remote.returncode == local.returncode == 0, remote.stderr + local.stderr
+    assert remote.stdout == local.stdout and remote.stdout

@@ -33,21 +33,22 @@ def _get(url: str, timeout: float) -> dict:
         return json.loads(r.read())
 
 
-def _served_names(base: str) -> set[str]:
-    """The file name and aliases of the model a server serves."""
-    props = _get(base + "/props", 10)
-    names = {Path(str(props.get("model_path", ""))).name, str(props.get("model_alias", ""))}
-    try:
-        names |= {str(m.get("id")) for m in _get(base + "/v1/models", 10).get("data", [])}
-    except (urllib.error.URLError, OSError, ValueError):
+def _served_names(base: str, timeout: float) -> set[str]:
+    """The file names and aliases of the models a server (or a router) serves."""
+    names = set()
+    try:  # a single-model server; a router answers /props only for a named model
+        props = _get(base + "/props", timeout)
+        names |= {Path(str(props.get("model_path", ""))).name, str(props.get("model_alias", ""))}
+    except (urllib.error.URLError, OSError, ValueError, AttributeError, TypeError):
         pass
+    names |= {str(m.get("id")) for m in _get(base + "/v1/models", timeout).get("data", [])}
     return {n for n in names if n}
 
 
 def _wanted_names(model: str) -> set[str]:
     from edgeinfer.pull import KNOWN_MODELS
 
-    names = {model, Path(model).name}
+    names = {model, Path(model).name, Path(model).stem}
     if model in KNOWN_MODELS:
         names.add(KNOWN_MODELS[model].filename)
     return names
@@ -58,15 +59,18 @@ def find_server(host: str | None, model: str | None) -> str | None:
     explicit = host or os.environ.get("EDGEINFER_HOST")
     base = _url(explicit or DEFAULT_URL)
     try:
-        health = _get(base + "/health", 30 if explicit else PROBE_SECONDS)
-        served = _served_names(base)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        timeout = 30 if explicit else PROBE_SECONDS
+        health = _get(base + "/health", timeout)
+        ready = isinstance(health, dict) and health.get("status") == "ok"
+        served = _served_names(base, 10 * timeout) if ready else set()
+    except (urllib.error.URLError, OSError, ValueError, AttributeError, TypeError) as exc:
+        # not an edgeinfer or llama-server answer (another service on the port)
         if explicit:
             reason = getattr(exc, "reason", exc)
             raise EdgeInferError(f"no edgeinfer server answers at {base} ({reason}); "
                                  f"use --local to run the model here") from None
         return None
-    if health.get("status") != "ok":
+    if not ready:
         if explicit:
             raise EdgeInferError(f"the server at {base} is not ready: {health}")
         return None
@@ -93,13 +97,24 @@ def _post(base: str, path: str, body: dict):
         raise EdgeInferError(f"lost the server at {base}: {exc}") from None
 
 
+def _model_field(opts) -> dict:
+    """The request's `model`: a router picks its worker by it (the file name without .gguf,
+    or a known model's); a single-model server ignores it."""
+    if opts.model is None:
+        return {}
+    from edgeinfer.pull import KNOWN_MODELS
+
+    spec = KNOWN_MODELS.get(opts.model)
+    return {"model": Path(spec.filename if spec else opts.model).stem}
+
+
 def remote_prompt(base: str, opts) -> str:
     """The prompt text: the server's chat template around it unless --raw."""
     if opts.raw:
         return opts.prompt
     messages = [{"role": "system", "content": opts.system}] if opts.system else []
     messages.append({"role": "user", "content": opts.prompt})
-    with _post(base, "/apply-template", {"messages": messages}) as r:
+    with _post(base, "/apply-template", {"messages": messages, **_model_field(opts)}) as r:
         return json.loads(r.read())["prompt"]
 
 
@@ -113,7 +128,7 @@ def run_remote(base: str, opts) -> None:
             "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
             "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty, "stop": list(opts.stop),
-            "seed": -1 if s.seed is None else s.seed}
+            "seed": -1 if s.seed is None else s.seed, **_model_field(opts)}
     if opts.grammar is not None:
         body["grammar"] = opts.grammar
     if opts.json_schema is not None:
