@@ -119,11 +119,12 @@ class Transformer:
         self.flash_attn = flash_attn
         self.gpu_layers = max(0, min(gpu_layers, config.n_layer + 1))
         n_cpu = config.n_layer - min(self.gpu_layers, config.n_layer)  # layers 0 .. n_cpu-1
+        self.numerics = numerics(config, weights, n_ctx)
         self.device = None
         if self.gpu_layers:
             from edgeinfer.cuda.offload import DeviceLayers
 
-            self.device = DeviceLayers(config, weights, numerics(config, weights, n_ctx),
+            self.device = DeviceLayers(config, weights, self.numerics,
                                        n_cpu, self.gpu_layers > config.n_layer, n_ctx,
                                        n_slots, n_batch)
         self.kv_cache = KVCache.allocate(config, n_ctx, n_slots, n_cpu,
@@ -132,7 +133,6 @@ class Transformer:
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
         self.buffers = allocate_buffers(config, n_batch, n_ctx, flash_attn, self.scratch,
                                         self.kv_cache)
-        self.numerics = numerics(config, weights, n_ctx)
         # attention first, then the matrix products: on a cold cache the compile helper
         # (kernels/precompile.py) starts from the other end
         self.kernels = kernels(weights.blocks[:n_cpu], self.numerics, flash_attn)

@@ -41,7 +41,6 @@ class Product:
     col0: int
     n_out: int
     n_in: int
-    nbytes: int
 
 
 def products(linears, biases) -> list[Product]:
@@ -63,7 +62,7 @@ def products(linears, biases) -> list[Product]:
             bias = np.concatenate([np.zeros(lin.n_out, np.float32) if b is None else b
                                    for lin, b in zip(run, run_bias)]).astype(np.float32)
         out.append(Product(cuda.to_device(host), cuda.to_device(bias), fmt, col, n_out,
-                           run[0].n_in, host.nbytes))
+                           run[0].n_in))
         col += n_out
         i = j + 1
     return out
@@ -88,8 +87,9 @@ def launches_per_step(blocks, head: bool, head_dim: int) -> int:
     return n + (2 if head else 0)
 
 
-def _vec(v, n=0):
-    return cuda.to_device(np.zeros(n, np.float32) if v is None
+def _vec(v):
+    """A weight vector on the device; an absent one (None) as size 0."""
+    return cuda.to_device(np.zeros(0, np.float32) if v is None
                           else np.ascontiguousarray(v, np.float32))
 
 
@@ -117,10 +117,6 @@ class DeviceLayer:
                    products([b.ffn_gate, b.ffn_up], [None, None]),
                    products([b.ffn_down], [None]), local)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.qkv + self.output + self.gate_up + self.down)
-
 
 class DeviceCache:
     """K and V of the offloaded layers, (n_slots, L, n_kv, n_ctx, hd) float16 each: a slot
@@ -129,7 +125,6 @@ class DeviceCache:
     def __init__(self, n_slots: int, n_layer: int, n_kv: int, n_ctx: int, hd: int):
         shape = (n_slots, n_layer, n_kv, n_ctx, hd)
         self.k, self.v = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
-        self.nbytes = 2 * int(np.prod(shape)) * 2
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Slot src's cells into slot dst (all of them: cells past a sequence are never
@@ -159,8 +154,7 @@ class DeviceLayers:
     def __init__(self, config, weights, numerics, first: int, head: bool, n_ctx: int,
                  n_slots: int, n_batch: int):
         c = config
-        self.config, self.first, self.head = c, first, head
-        self.n_batch = n_batch
+        self.config, self.head = c, head
         self.eps = np.float32(c.norm_eps)
         self.numerics = numerics
         self.layers = [DeviceLayer.load(b, bool(c.swa_layers[first + i]))
@@ -183,10 +177,6 @@ class DeviceLayers:
             sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self.max_blocks = 1 if self.simulated else 1 << 16
         self.nt = mm.WARP if self.simulated else norms.NT
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers) + sum(p.nbytes for p in self.output)
 
     def _go(self, kernel, grid, block, *args) -> None:
         self.launches += 1
