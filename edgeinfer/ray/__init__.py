@@ -1,11 +1,14 @@
 """Scale-out on Ray Serve (the `ray` extra): the server as a Ray Serve deployment.
 
     python -m edgeinfer.ray MODEL.gguf [MODEL.gguf ...] [--replicas N | --autoscale MIN:MAX]
-        [--address auto] [--host 127.0.0.1] [--port 8000] [-- SERVER FLAGS]
+        [--address auto] [--host 127.0.0.1] [--port 8000] [--no-prefix-affinity]
+        [-- SERVER FLAGS]
 
-Each replica is a router (server/router/) over the given models: it starts a worker process
-per model on demand, so one replica can serve several models, and Ray Serve spreads
-requests over the replicas, restarts a replica that dies and scales their number. The
+Each engine replica is a router (server/router/) over the given models: it starts a worker
+process per model on demand, so one replica can serve several models. An ingress deployment
+reads each request and hands it to an engine replica chosen by its prompt's prefix
+(routing.py: the replica that served the longest prefix, unless it is busier than the
+rest); Ray Serve restarts a replica that dies and scales their number. The
 routes are the server's (OpenAI, Anthropic, llama-server), through Ray Serve's HTTP proxy.
 Multi-node: `ray start --head` on one machine, `ray start --address HEAD:6379` on the
 others, then this command with `--address auto` on any of them (docs/architecture.md).
@@ -30,28 +33,30 @@ def models_by_name(paths: list[str | Path]) -> dict[str, str]:
 
 def build_app(models: list[str | Path], server_args: tuple[str, ...] = (), *,
               num_replicas: int = 1, autoscaling_config: dict | None = None,
-              models_max: int = 4, name: str = "edgeinfer", num_cpus: float = 1.0):
-    """A Ray Serve application (bind it with serve.run) serving `models`."""
+              models_max: int = 4, name: str = "edgeinfer", num_cpus: float = 1.0,
+              prefix_affinity: bool = True):
+    """A Ray Serve application (bind it with serve.run) serving `models`: an ingress
+    deployment `{name}` in front of the engine deployment `{name}-engine`, whose replicas
+    are chosen by prompt prefix (routing.PrefixAffinityRouter) or, without
+    prefix_affinity, by Ray's default power-of-two-choices router."""
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from edgeinfer.ray.deployments import Engine, ingress_deployment
 
     catalog = models_by_name(models)
     if not catalog:
         raise ValueError(f"no .gguf files in {models}")
-    args = list(server_args)
-
-    def asgi_app():  # built on each replica, where its worker processes run
-        from edgeinfer.server.router.app import create_router_app
-        from edgeinfer.server.router.workers import Pool
-
-        pool = Pool({k: Path(v) for k, v in catalog.items()}, args, models_max, -1.0)
-        return create_router_app(pool, ())
-
     scale = ({"autoscaling_config": autoscaling_config} if autoscaling_config
              else {"num_replicas": num_replicas})
-    deployment = serve.deployment(serve.ingress(asgi_app)(), name=name,
-                                  ray_actor_options={"num_cpus": num_cpus},
-                                  max_ongoing_requests=64, **scale)
-    return deployment.bind()
+    routing = ({"request_router_config": RequestRouterConfig(
+        request_router_class="edgeinfer.ray.routing.PrefixAffinityRouter")}
+        if prefix_affinity else {})
+    engine = serve.deployment(Engine, name=f"{name}-engine",
+                              ray_actor_options={"num_cpus": num_cpus},
+                              max_ongoing_requests=64, **scale, **routing)
+    ingress = ingress_deployment(name)
+    return ingress.bind(engine.bind(catalog, list(server_args), models_max))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                    "local one `ray start` made); default: start one here")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--no-prefix-affinity", action="store_true",
+                   help="route by load alone (Ray's power-of-two choices)")
     a = p.parse_args(argv)
     try:
         import ray
@@ -83,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                        "target_ongoing_requests": 4}
     try:
         app = build_app(a.models, tuple(server_args), num_replicas=a.replicas,
-                        autoscaling_config=autoscaling)
+                        autoscaling_config=autoscaling,
+                        prefix_affinity=not a.no_prefix_affinity)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -93,6 +101,3 @@ def main(argv: list[str] | None = None) -> int:
     serve.run(app, route_prefix="/", blocking=True)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

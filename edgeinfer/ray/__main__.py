@@ -1,0 +1,5 @@
+import sys
+
+from edgeinfer.ray import main
+
+sys.exit(main())
