@@ -15,7 +15,7 @@ import typer
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import N_PREDICT, SamplingParams
+from edgeinfer.sampling_params import N_PREDICT, SamplingParams
 
 SAMPLING = SamplingParams()  # the sampling flags' defaults
 
@@ -232,6 +232,10 @@ def _fail(message: str) -> None:
 
 
 def main() -> None:
+    # Numba's CPU target probes for BLAS the first time it loads a kernel by importing
+    # scipy.linalg when SciPy is installed (0.15-0.2 s of start-up); no kernel of ours calls
+    # BLAS and no command uses SciPy, so this process does without it.
+    sys.modules.setdefault("scipy", None)
     app()
 
 

@@ -1,7 +1,9 @@
-"""Router mode's overhead (issue 36): the same requests to a server and through a router
-serving the same model, alternating. JSON out.
+"""Router mode's overhead (issue 36): the same requests to a server, through a router
+serving the same model and (--ray) through Ray Serve's proxy, our ingress and one engine
+replica on a local Ray cluster, alternating. JSON out.
 
-    python scripts/bench_router.py MODEL.gguf [-n 30] [--tokens 32] [-t 1] [--json out.json]
+    python scripts/bench_router.py MODEL.gguf [-n 30] [--tokens 32] [-t 1] [--ray]
+        [--json out.json]
 
 Per request: wall time of a 1-token /completion (the added latency per request); per
 streamed token: the mean gap between SSE events of a --tokens-token greedy stream (the added
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -46,12 +49,31 @@ def token_gaps(url: str, model: str, n: int) -> float:
     return statistics.mean(gaps)
 
 
+def start_ray(model: str, flags: tuple[str, ...]) -> str:
+    """One engine replica of `model` behind Ray Serve on a local cluster; its URL."""
+    import ray
+    from ray import serve
+
+    from edgeinfer.ray import build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app([model], flags, num_replicas=1, num_cpus=0), route_prefix="/",
+              name="edgeinfer")
+    return f"http://127.0.0.1:{port}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("-t", "--threads", default="1")
+    ap.add_argument("--ray", action="store_true", help="also through Ray Serve")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp())
@@ -60,24 +82,34 @@ def main() -> int:
     flags = ("-np", "1", "-c", "512", "-t", args.threads, "--cache-ram", "0")
     direct = ServerProcess(Path(args.model), *flags)
     router = ServerProcess(Path(f"--models-dir={folder}"), *flags)
+    urls = {"direct": direct.url, "router": router.url}
     try:
-        one_token(router.url, name)  # loads the model behind the router
-        runs = {"direct": {"request_s": [], "token_gap_s": []},
-                "router": {"request_s": [], "token_gap_s": []}}
-        for _ in range(args.n):  # alternate, so machine noise hits both alike
-            for kind, srv in (("direct", direct), ("router", router)):
-                runs[kind]["request_s"].append(one_token(srv.url, name))
+        if args.ray:
+            urls["ray"] = start_ray(args.model, flags)
+        for url in urls.values():
+            one_token(url, name)  # loads the model behind a router
+        runs = {kind: {"request_s": [], "token_gap_s": []} for kind in urls}
+        for _ in range(args.n):  # alternate, so machine noise hits all alike
+            for kind, url in urls.items():
+                runs[kind]["request_s"].append(one_token(url, name))
         for _ in range(max(3, args.n // 10)):
-            for kind, srv in (("direct", direct), ("router", router)):
-                runs[kind]["token_gap_s"].append(token_gaps(srv.url, name, args.tokens))
+            for kind, url in urls.items():
+                runs[kind]["token_gap_s"].append(token_gaps(url, name, args.tokens))
         med = {kind: {k: statistics.median(v) for k, v in r.items()} for kind, r in runs.items()}
         result = {"model": Path(args.model).name, "threads": args.threads, "median": med,
-                  "added_ms": {k: 1e3 * (med["router"][k] - med["direct"][k])
-                               for k in ("request_s", "token_gap_s")}}
+                  "added_ms": {kind: {k: 1e3 * (med[kind][k] - med["direct"][k])
+                                      for k in ("request_s", "token_gap_s")}
+                               for kind in urls if kind != "direct"}}
     finally:
         direct.stop()
         router.stop()
         shutil.rmtree(folder, ignore_errors=True)
+        if args.ray:
+            import ray
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
