@@ -140,6 +140,9 @@ def test_cors_origins_flag(tmp_path):
         # localhost is only a default: a list without it refuses localhost pages
         assert_error(get(srv, "/health", Origin="http://localhost:3000"), 403,
                      "permission_error")
+        # a page this server served (the chat page) is same-origin: let through, no CORS
+        r = get(srv, "/health", Origin=srv.url)
+        assert r.status_code == 200 and cors_headers(r) == {}
     finally:
         srv.stop()
 
@@ -154,6 +157,20 @@ def test_origin_policy():
     assert mixed.origin_allowed("http://localhost:1")
     assert not mixed.origin_allowed("https://app.example.evil")
     assert not mixed.origin_allowed("http://[::1")  # unparsable
+
+
+def test_same_origin_requests():
+    """The chat page reached by a network address sends an Origin --cors-origins does not
+    list; it is same-origin, unless --allowed-hosts * makes the Host meaningless."""
+    policy = AccessPolicy("https://app.example", "", "0.0.0.0")
+    assert not policy.origin_allowed("http://192.168.1.5:8080")
+    assert policy.same_origin("http://192.168.1.5:8080", "192.168.1.5:8080")
+    assert policy.same_origin("https://[fe80::1]", "[FE80::1]")
+    assert not policy.same_origin("http://192.168.1.5:8081", "192.168.1.5:8080")
+    assert not policy.same_origin("http://evil.example", "192.168.1.5:8080")
+    assert not policy.same_origin("null", "null")
+    assert not policy.same_origin("http://192.168.1.5", None)
+    assert not AccessPolicy("localhost", "*").same_origin("http://any.example", "any.example")
 
 
 def test_host_policy():

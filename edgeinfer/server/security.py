@@ -18,7 +18,10 @@ guards stop it from driving the server, both answered before any route runs:
   takes llama-server's values, comma-separated: exact origins (`https://app.example`), `*`
   (any origin, answered `Access-Control-Allow-Origin: *`), `localhost` (origins whose host is
   localhost, 127.0.0.1 or ::1, any port; the default). `Access-Control-Allow-Credentials` is
-  never sent: keys travel in headers, which need no credentials mode.
+  never sent: keys travel in headers, which need no credentials mode. A same-origin request
+  (its Origin is `http(s)://` + its Host) is always let through: it comes from a page this
+  server served, the chat page at `/` reached by a network address for one; not with
+  `--allowed-hosts *`, where the Host proves nothing.
 
 The API key is read as llama-server reads it, `Authorization` first and `X-Api-Key` only when
 that header is absent, but `Authorization` must use the Bearer scheme (llama-server also takes
@@ -111,6 +114,17 @@ class AccessPolicy:
             return True
         return "localhost" in self.origins and _origin_host(origin) in LOCAL_NAMES
 
+    def same_origin(self, origin: str, host: str | None) -> bool:
+        """Whether a request comes from a page of this server (Origin matches the Host that
+        passed the DNS rebinding guard)."""
+        if host is None or "*" in self.hosts:
+            return False
+        try:
+            parts = urlsplit(origin)
+        except ValueError:
+            return False
+        return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
     def allow_origin_value(self, origin: str) -> str:
         """Access-Control-Allow-Origin for an allowed origin."""
         return "*" if "*" in self.origins else origin
@@ -143,7 +157,7 @@ class AccessMiddleware:
             return await send_error(send, ApiError(
                 403, f"Host {_quote(host or '')} is not allowed (DNS rebinding guard); start "
                      "the server with --allowed-hosts NAME to allow a name"))
-        if origin is None:
+        if origin is None or self.policy.same_origin(origin, host):
             return await self.app(scope, receive, send)
         if not self.policy.origin_allowed(origin):
             log.warning("refused a request from Origin %s", _quote(origin))
