@@ -22,6 +22,7 @@ from edgeinfer.server.errors import BAD_KEY, LOADING, NOT_FOUND, ApiError, bad_r
 from edgeinfer.server.headers import HeaderCaseMiddleware
 from edgeinfer.server.routes import chat, completions, info
 from edgeinfer.server.routes import vertex as vertex_routes
+from edgeinfer.server.routes.ui import add_ui_routes
 from edgeinfer.server.runs import ClientGone, EventStream
 from edgeinfer.server.security import AccessMiddleware, key_matches, public_error, request_key
 from edgeinfer.server.shutdown import GateMiddleware
@@ -119,6 +120,8 @@ def _vertex_routes(server: Server) -> list[tuple[str, str, Handler]]:
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="edgeinfer", docs_url=None, redoc_url=None, openapi_url=None)
     server.routes = tuple(ROUTES)
+    if server.settings.ui:  # static files: served while the model loads, with no key
+        add_ui_routes(app)
     for method, path, handler in ROUTES + _vertex_routes(server):
         methods = [method, "HEAD"] if method == "GET" else [method]  # uvicorn drops HEAD bodies
         app.add_api_route(path, _endpoint(server, path, handler), methods=methods,

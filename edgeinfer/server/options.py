@@ -46,6 +46,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()
     metrics: bool = False
     slots_endpoint: bool = True  # --no-slots: /slots answers 501
+    ui: bool = True  # the chat page at / (--no-ui: / is a 404)
     aliases: tuple[str, ...] = ()  # names of the model in the API; none: the file name
     tags: tuple[str, ...] = ()
     cache_ram_mib: int = 1024
@@ -123,6 +124,8 @@ def _add_api(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tags", default=None, help="tags listed with the model, comma-separated")
     g.add_argument("--metrics", action="store_true", help="enable /metrics")
     g.add_argument("--no-slots", action="store_true", help="disable /slots (501)")
+    g.add_argument("--no-ui", "--no-webui", action="store_true", dest="no_ui",
+                   help="no chat page at / (it is served by default)")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="log each request and reply; `verbose` requests get __verbose")
 
@@ -236,7 +239,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         n_slots=args.parallel if args.parallel > 0 else 4, n_batch=args.n_batch,
         threads=args.threads, flash_attn=args.flash_attn == "on",
         gpu_layers=parse_gpu_layers(args.gpu_layers), api_keys=_split(args.api_key),
-        metrics=args.metrics, slots_endpoint=not args.no_slots,
+        metrics=args.metrics, slots_endpoint=not args.no_slots, ui=not args.no_ui,
         aliases=_split(args.alias), tags=_split(args.tags), cache_ram_mib=args.cache_ram,
         cache_idle_slots=not args.no_cache_idle_slots, kv_unified=args.kv_unified,
         max_body_bytes=args.max_body_bytes, sse_ping_interval=args.sse_ping_interval,

@@ -1,6 +1,7 @@
 """The router's HTTP side: its own routes (/health, /models, /v1/models, /models/load,
-/models/unload) and every other request proxied to the worker of the model it names (the
-JSON body's `model`, or `?model=` on a GET), streamed through without buffering."""
+/models/unload, and the chat page at / unless --no-ui) and every other request proxied to the
+worker of the model it names (the JSON body's `model`, or `?model=` on a GET), streamed
+through without buffering."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.router.workers import Pool, Worker
+from edgeinfer.server.routes.ui import add_ui_routes
 from edgeinfer.server.security import key_matches, request_key
 
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
@@ -35,7 +37,7 @@ def parse_keep_alive(value) -> float | None:
     return float(m.group(1)) * UNITS[m.group(2)]
 
 
-def create_router_app(pool: Pool, api_keys: tuple[str, ...]) -> FastAPI:
+def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True) -> FastAPI:
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     keep_alive: dict[str, float | None] = {}  # per-model overrides from requests
 
@@ -121,6 +123,9 @@ def create_router_app(pool: Pool, api_keys: tuple[str, ...]) -> FastAPI:
     @app.post("/models/unload")
     async def unload(request: Request):
         return await load_or_unload(request, False)
+
+    if ui:  # before the proxy's catch-all
+        add_ui_routes(app)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"])
     async def proxy(path: str, request: Request):

@@ -55,7 +55,7 @@ async def props(server: Server, request: Request) -> Response:
         "model_path": info.file_name,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": settings.slots_endpoint, "endpoint_props": False,
-        "endpoint_metrics": settings.metrics, "ui": False,
+        "endpoint_metrics": settings.metrics, "ui": settings.ui,
         "chat_template": chat.templates.source(), "chat_template_caps": chat.caps(),
         "bos_token": info.bos_token,
         "eos_token": info.eos_token, "build_info": fmt.BUILD_INFO,
