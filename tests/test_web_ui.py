@@ -229,13 +229,18 @@ def test_a_reply_streams_then_shows_its_speed(page):
           if (replies.length) window.lengths.push(replies[replies.length - 1].textContent.length);
         }).observe(document.getElementById('messages'),
                    {childList: true, subtree: true, characterData: true});""")
-    send(page, "hello")
+    from selenium.webdriver.common.keys import Keys
+
+    css(page, "#prompt")[0].send_keys("hello", Keys.SHIFT + Keys.ENTER)  # a new line
+    assert css(page, ".message") == [], "Shift+Enter does not send"
+    send(page, "there")
     stats = wait_reply_done(page)
     assert re.search(r"^400 tokens, [\d.]+ tokens/s · prompt \d+ tokens at [\d.]+ tokens/s, "
                      r"\d+ cached$", stats), stats
     lengths = [n for n in page.execute_script("return window.lengths") if n]
     assert len(set(lengths)) >= 3 and lengths == sorted(lengths), lengths  # grew, in steps
-    assert css(page, ".message.user .content")[0].text == "hello"
+    assert css(page, ".message.user .content")[0].text == "hello\nthere"
+    assert len(css(page, ".message.user .content br")) == 1
     assert page.execute_script("return document.activeElement.id") == "prompt"
 
 

@@ -217,7 +217,7 @@ function statsLine(msg) {
   return parts.join(" · ");
 }
 
-let pending = new Set();  // messages whose view is redrawn on the next frame
+const pending = new Set();  // messages whose view is redrawn on the next frame
 
 function refresh(msg) {
   if (pending.size === 0) {
@@ -227,7 +227,7 @@ function refresh(msg) {
         const view = views.get(m);
         if (view?.isConnected) fillMessage(m, view);
       }
-      pending = new Set();
+      pending.clear();
       scrollToEnd(near);
     });
   }
