@@ -131,3 +131,14 @@ def test_conversation_settings_and_shift():
     assert [m["content"] for m in conv.context()[1:]] == ["c", "d", "e"]
     assert conv.drop_oldest() == 2 and conv.drop_oldest() == 0
     assert len(conv.all_messages()) == 6  # nothing is lost from the conversation itself
+
+
+def test_finished_markdown_blocks_are_cut_outside_code_fences():
+    from edgeinfer.commands.chat.repl import stable_end
+
+    text = "para one\n\n```py\nx = 1\n\ny = 2\n```\n\nnext"
+    assert text[:stable_end(text, 0)] == "para one\n\n```py\nx = 1\n\ny = 2\n```\n\n"
+    open_fence = "intro\n\n```\ncode\n\nmore"
+    assert open_fence[:stable_end(open_fence, 0)] == "intro\n\n"
+    assert stable_end("no blank line yet", 0) == 0
+    assert stable_end("a\n\nb\n\nc", 3) == len("a\n\nb\n\n")

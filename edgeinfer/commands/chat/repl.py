@@ -110,15 +110,36 @@ class Printer:
         from rich.live import Live
         from rich.markdown import Markdown
 
-        class Text:  # rendered at each refresh, not at each token
-            def __rich__(self):
-                return Markdown("".join(shown))
+        done = 0  # shown[:done] joined is printed for good; the rest is redrawn live
 
-        with Live(Text(), console=self.console, refresh_per_second=12,
-                  vertical_overflow="visible"):
+        class Tail:  # rendered at each refresh, not at each token
+            def __rich__(self):
+                return Markdown("".join(shown)[done:])
+
+        with Live(Tail(), console=self.console, refresh_per_second=12,
+                  vertical_overflow="visible") as live:
             for piece in pieces:
                 shown.append(piece)
+                if "\n\n" in piece or piece.endswith("\n"):
+                    text = "".join(shown)
+                    cut = stable_end(text, done)
+                    if cut > done:  # whole blocks: print them once, above the live tail
+                        live.console.print(Markdown(text[done:cut]))
+                        done = cut
         self.console.print()
+
+
+def stable_end(text: str, start: int) -> int:
+    """Where the markdown of text[start:] can be cut for good: after its last blank line
+    outside a code fence (the blocks before it no longer change as tokens arrive)."""
+    cut, fenced, pos = start, False, start
+    for line in text[start:].splitlines(keepends=True):
+        pos += len(line)
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.strip() and pos < len(text):
+            cut = pos
+    return cut
 
 
 def open_backend(opts):
