@@ -29,6 +29,23 @@ MODEL_ARG = typer.Argument(None, help="GGUF file or known model name (default: s
 THREADS = typer.Option(None, "-t", "--threads", help="Threads (default: physical cores).")
 CTX = typer.Option(0, "-c", "--ctx-size", help="Context size in tokens (0: min(4096, model's)).")
 
+N_PRED = typer.Option(N_PREDICT, "-n", "--n-predict", help="Tokens to generate (-1: until EOS).")
+TEMP = typer.Option(SAMPLING.temperature, "--temp", help="Temperature (0: greedy).")
+TOP_K = typer.Option(SAMPLING.top_k, "--top-k")
+TOP_P = typer.Option(SAMPLING.top_p, "--top-p")
+MIN_P = typer.Option(SAMPLING.min_p, "--min-p")
+REPEAT_PENALTY = typer.Option(SAMPLING.repeat_penalty, "--repeat-penalty")
+REPEAT_LAST_N = typer.Option(SAMPLING.repeat_last_n, "--repeat-last-n")
+PRESENCE_PENALTY = typer.Option(SAMPLING.presence_penalty, "--presence-penalty")
+FREQUENCY_PENALTY = typer.Option(SAMPLING.frequency_penalty, "--frequency-penalty")
+SEED = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random).")  # -1: SAMPLING.seed
+HOST = typer.Option(None, "--host", metavar="URL",
+                    help="Use the edgeinfer server at URL (default: $EDGEINFER_HOST, else "
+                         "127.0.0.1:8080 when one answers there and serves MODEL).")
+LOCAL = typer.Option(False, "--local", help="Load the model here even when a server is running.")
+SYSTEM = typer.Option(None, "--system", help="System message (chat mode).")
+QUIET = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr.")
+
 
 class FlashAttn(str, Enum):
     on = "on"
@@ -71,32 +88,26 @@ def run(
     model: str | None = MODEL_ARG,
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
     file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
-    n_predict: int = typer.Option(N_PREDICT, "-n", "--n-predict",
-                                  help="Tokens to generate (-1: until EOS)."),
-    temp: float = typer.Option(SAMPLING.temperature, "--temp", help="Temperature (0: greedy)."),
-    top_k: int = typer.Option(SAMPLING.top_k, "--top-k"),
-    top_p: float = typer.Option(SAMPLING.top_p, "--top-p"),
-    min_p: float = typer.Option(SAMPLING.min_p, "--min-p"),
-    repeat_penalty: float = typer.Option(SAMPLING.repeat_penalty, "--repeat-penalty"),
-    repeat_last_n: int = typer.Option(SAMPLING.repeat_last_n, "--repeat-last-n"),
-    presence_penalty: float = typer.Option(SAMPLING.presence_penalty, "--presence-penalty"),
-    frequency_penalty: float = typer.Option(SAMPLING.frequency_penalty, "--frequency-penalty"),
-    seed: int = typer.Option(-1, "-s", "--seed",  # -1 spells SAMPLING.seed, None
-                             help="RNG seed (-1: random)."),
+    n_predict: int = N_PRED,
+    temp: float = TEMP,
+    top_k: int = TOP_K,
+    top_p: float = TOP_P,
+    min_p: float = MIN_P,
+    repeat_penalty: float = REPEAT_PENALTY,
+    repeat_last_n: int = REPEAT_LAST_N,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    seed: int = SEED,
     threads: int | None = THREADS,
     ctx_size: int = CTX,
     flash_attn: FlashAttn = FLASH,
     gpu_layers: str = GPU_LAYERS,
-    host: str | None = typer.Option(
-        None, "--host", metavar="URL",
-        help="Use the edgeinfer server at URL (default: $EDGEINFER_HOST, else "
-             "127.0.0.1:8080 when one answers there and serves MODEL)."),
-    local: bool = typer.Option(False, "--local", help="Load the model here even when a "
-                                                      "server is running."),
+    host: str | None = HOST,
+    local: bool = LOCAL,
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
-    system: str | None = typer.Option(None, "--system", help="System message (chat mode)."),
+    system: str | None = SYSTEM,
     stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr."),
+    quiet: bool = QUIET,
     grammar: str | None = typer.Option(None, "--grammar",
                                        help="Constrain the output: GBNF (or Lark after "
                                             "%llguidance)."),
@@ -107,7 +118,8 @@ def run(
     json_schema_file: Path | None = typer.Option(None, "--json-schema-file",
                                                  help="Read the JSON schema from a file."),
 ) -> None:
-    """Generate text from a prompt, streamed to stdout (timings go to stderr)."""
+    """Generate text from a prompt, streamed to stdout (timings go to stderr); with no
+    prompt on a terminal, a chat (as `edgeinfer chat`)."""
     text = _read_prompt(prompt, file)
     grammar = _text_or_file(grammar, grammar_file, "--grammar")
     json_schema = _text_or_file(json_schema, json_schema_file, "--json-schema")
@@ -121,10 +133,59 @@ def run(
             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             seed=None if seed < 0 else seed)
-        run_command(RunOptions(
+        opts = RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
             flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema,
+            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local)
+        if text is None and sys.stdin.isatty():  # no prompt on a terminal: chat (ollama run)
+            from edgeinfer.commands.chat.repl import chat_command
+
+            chat_command(opts)
+        else:
+            run_command(opts)
+
+    _guard(start)
+
+
+@app.command()
+def chat(
+    model: str | None = MODEL_ARG,
+    system: str | None = SYSTEM,
+    n_predict: int = N_PRED,
+    temp: float = TEMP,
+    top_k: int = TOP_K,
+    top_p: float = TOP_P,
+    min_p: float = MIN_P,
+    repeat_penalty: float = REPEAT_PENALTY,
+    repeat_last_n: int = REPEAT_LAST_N,
+    presence_penalty: float = PRESENCE_PENALTY,
+    frequency_penalty: float = FREQUENCY_PENALTY,
+    seed: int = SEED,
+    threads: int | None = THREADS,
+    ctx_size: int = CTX,
+    flash_attn: FlashAttn = FLASH,
+    gpu_layers: str = GPU_LAYERS,
+    host: str | None = HOST,
+    local: bool = LOCAL,
+    quiet: bool = QUIET,
+) -> None:
+    """Chat with a model in the terminal (/help lists the commands); through a running
+    server when there is one. Answers go to stdout, everything else to stderr."""
+
+    def start() -> None:
+        from edgeinfer.commands.chat.repl import chat_command
+        from edgeinfer.commands.run import RunOptions
+        from edgeinfer.cuda.placement import parse_gpu_layers
+
+        sampling = SamplingParams(
+            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            seed=None if seed < 0 else seed)
+        chat_command(RunOptions(
+            model=model, prompt=None, sampling=sampling, n_predict=n_predict, threads=threads,
+            n_ctx=ctx_size, system=system, quiet=quiet, flash_attn=_flash(flash_attn),
             gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local))
 
     _guard(start)

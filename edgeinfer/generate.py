@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 class Timings:
     """llama.cpp's end-of-run figures (milliseconds)."""
 
-    prompt_n: int = 0
+    prompt_n: int = 0  # prompt tokens processed (llama.cpp's prompt_n)
     prompt_ms: float = 0.0
+    cache_n: int = 0  # prompt tokens found in the KV cache, not processed again
     predicted_n: int = 0
     predicted_ms: float = 0.0
 
@@ -61,13 +62,17 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 
 
 def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
-                  timings: Timings, slot: int = 0, constraint: Any = None) -> Iterator[int]:
+                  timings: Timings, slot: int = 0, constraint: Any = None,
+                  n_past: int = 0) -> Iterator[int]:
     """Yield sampled token ids until the context is full; the caller decides when to stop.
     `constraint` (edgeinfer.structured.SequenceConstraint) allows only the tokens its
-    grammar does, and has accepted each token yielded."""
+    grammar does, and has accepted each token yielded. `n_past`: the slot's KV cache holds
+    prompt[:n_past] already (a conversation's earlier turns); only the rest is processed.
+    When the caller stops, every token yielded but the last is in the cache."""
     tf = model.transformer
     n_prompt = len(prompt)
     check_prompt(n_prompt, tf.n_ctx)
+    n_past = max(0, min(n_past, n_prompt - 1))  # the last prompt token gives the logits
     # The sampler's penalty window; -1 means every token so far.
     keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
     recent = list(prompt[len(prompt) - keep :]) if keep else []
@@ -76,10 +81,12 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     token, pos, slot_arr = (np.zeros(1, np.int32) for _ in range(3))
     slot_arr[0] = slot
     t0 = time.perf_counter()
-    ids = np.asarray(prompt, dtype=np.int32)
-    tf.forward(ids, np.arange(n_prompt, dtype=np.int32), np.full(n_prompt, slot, np.int32),
-               np.array([n_prompt - 1], np.int32), logits)
-    timings.prompt_n, timings.prompt_ms = n_prompt, 1e3 * (time.perf_counter() - t0)
+    ids = np.asarray(prompt[n_past:], dtype=np.int32)  # (n_new,)
+    n_new = n_prompt - n_past
+    tf.forward(ids, np.arange(n_past, n_prompt, dtype=np.int32),
+               np.full(n_new, slot, np.int32), np.array([n_new - 1], np.int32), logits)
+    timings.prompt_n, timings.prompt_ms = n_new, 1e3 * (time.perf_counter() - t0)
+    timings.cache_n = n_past
     t0 = time.perf_counter()
     for p in range(n_prompt, tf.n_ctx + 1):
         next_id = sampler.sample(logits[0], recent)
@@ -134,15 +141,16 @@ def _partial_suffix(text: str, stop: str) -> int:
 
 def stream_generate(model: Model, prompt: Sequence[int], sampler: Sampler,
                     max_tokens: int = -1, stop: Sequence[str] = (),
-                    slot: int = 0, constraint: Any = None) -> Iterator[GenerationEvent]:
+                    slot: int = 0, constraint: Any = None,
+                    n_past: int = 0) -> Iterator[GenerationEvent]:
     """Events with text pieces; the last one carries finish_reason and the timings.
     max_tokens < 0 means until EOS or the end of the context. With a `constraint`, the
-    generation also stops where its grammar is complete."""
+    generation also stops where its grammar is complete. `n_past` as generate_step's."""
     timings = Timings()
     decoder = model.tokenizer.stream_decoder()
     matcher = StopMatcher(stop)
     finish, hit, n = "length", False, 0
-    for token in generate_step(model, prompt, sampler, timings, slot, constraint):
+    for token in generate_step(model, prompt, sampler, timings, slot, constraint, n_past):
         if model.tokenizer.is_eog(token):
             finish = "stop"
             break

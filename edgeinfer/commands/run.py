@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import N_PREDICT, SamplingParams, make_sampler
+from edgeinfer.sampling_params import N_PREDICT, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,10 @@ class RunOptions:
 
 
 def run_command(opts: RunOptions) -> None:
-    from edgeinfer.commands.progress import byte_progress, note_printer, status
-    from edgeinfer.generate import stream_generate
-    from edgeinfer.pull import resolve_model
-
     if opts.prompt is None:
         raise EdgeInferError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
     if not opts.prompt.strip():
         raise EdgeInferError("empty prompt: nothing to generate from")
-    sampler = make_sampler(opts.sampling)
     if not opts.local:
         from edgeinfer.commands.remote import find_server, run_remote
 
@@ -46,17 +41,11 @@ def run_command(opts: RunOptions) -> None:
         if base is not None:
             run_remote(base, opts)
             return
-    with byte_progress(opts.quiet) as report:
-        path = resolve_model(opts.model, report)
-    with status(f"loading {path.name}", opts.quiet) as update:
-        from edgeinfer.api import Model
-        from edgeinfer.process import settle_heap
+    from edgeinfer.generate import stream_generate
+    from edgeinfer.sampling import make_sampler
 
-        model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
-                           flash_attn=opts.flash_attn, compile_helper=True,
-                           gpu_layers=opts.gpu_layers, notes=note_printer(opts.quiet),
-                           warm_up=None)  # one prompt: its own prefill loads the kernels
-        settle_heap()
+    sampler = make_sampler(opts.sampling)
+    model = load_model(opts)
     ids = model.tokenize(build_prompt(model, opts))
     constraint = model.constraint(opts.grammar, opts.json_schema)
     event = None
@@ -69,6 +58,25 @@ def run_command(opts: RunOptions) -> None:
         sys.stdout.write("\n")
     if not opts.quiet and event is not None:
         print_timings(event.timings)
+
+
+def load_model(opts: RunOptions):
+    """The model, fetched if it is a known name, loaded with progress on stderr."""
+    from edgeinfer.commands.progress import byte_progress, note_printer, status
+    from edgeinfer.pull import resolve_model
+
+    with byte_progress(opts.quiet) as report:
+        path = resolve_model(opts.model, report)
+    with status(f"loading {path.name}", opts.quiet) as update:
+        from edgeinfer.api import Model
+        from edgeinfer.process import settle_heap
+
+        model = Model.load(path, n_ctx=opts.n_ctx, threads=opts.threads, progress=update,
+                           flash_attn=opts.flash_attn, compile_helper=True,
+                           gpu_layers=opts.gpu_layers, notes=note_printer(opts.quiet),
+                           warm_up=None)  # the first prompt's prefill loads the kernels
+        settle_heap()
+    return model
 
 
 def build_prompt(model, opts: RunOptions) -> str:
