@@ -69,8 +69,9 @@ class Buffers(NamedTuple):
     xf: np.ndarray
     scores: np.ndarray  # (n_threads, m) attention scratch
     attn_shared: np.ndarray  # (k,) attention's decode-split scratch
-    k_cache: np.ndarray  # (n_layer, n_slots, n_ctx, n_kv, hd) F16 bits
+    k_cache: np.ndarray  # (n_layer, n_blocks, B, n_kv, hd) F16 bits
     v_cache: np.ndarray
+    kv_tables: np.ndarray  # (n_slots, n_ctx / B) int32: cell p of slot s is in block [s, p // B]
 
 
 class Numerics(NamedTuple):
@@ -203,18 +204,18 @@ def scale(kern, x, factor):
 
 
 @njit(cache=True, nogil=True)
-def store_kv(kern, k, v, slots, positions, k_cache, v_cache):
-    """k, v (n, n_kv, hd) written as F16 into the caches (n_slots, n_ctx, n_kv, hd) at each
-    token's slot and position."""
-    call("store_kv", kern.store_kv, (k, v, slots, positions, k_cache, v_cache))
+def store_kv(kern, k, v, slots, tables, positions, k_cache, v_cache):
+    """k, v (n, n_kv, hd) written as F16 into the caches (n_blocks, B, n_kv, hd) at each
+    token's slot and position, through the slots' block tables."""
+    call("store_kv", kern.store_kv, (k, v, slots, tables, positions, k_cache, v_cache))
 
 
 @njit(cache=True, nogil=True)
 def attention(kern, q, k_cache, v_cache, slots, positions, window, score_scale, buf, out):
     """out (n, n_head, hd) = softmax(q . K^T * score_scale, causal, within `window` of each
     position when window > 0) . V, over each token's slot of the caches."""
-    call("attention", kern.attention, (q, k_cache, v_cache, slots, positions, window,
-                                       score_scale, buf.scores, buf.attn_shared, out,
+    call("attention", kern.attention, (q, k_cache, v_cache, slots, buf.kv_tables, positions,
+                                       window, score_scale, buf.scores, buf.attn_shared, out,
                                        kern.attention_task))
 
 
@@ -276,7 +277,7 @@ def run_layers(n, positions, slots, table, buf, const, kern):
         local = table.swa[il] != 0  # sliding-window layer: its own rope table, a key window
         cos, sin = (const.cos_local, const.sin_local) if local else (const.cos, const.sin)
         window = const.window if local else 0
-        k_cache, v_cache = buf.k_cache[il], buf.v_cache[il]  # (n_slots, n_ctx, n_kv, hd)
+        k_cache, v_cache = buf.k_cache[il], buf.v_cache[il]  # (n_blocks, B, n_kv, hd)
 
         # attention: x += Wo . attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h)
         rms_norm(kern, x, table.attn_norm[il], eps, h)  # (n, n_embd)
@@ -288,7 +289,7 @@ def run_layers(n, positions, slots, table, buf, const, kern):
         rope(kern, q, positions, cos, sin, const.rope_neox)  # (n, n_head, hd)
         rope(kern, k, positions, cos, sin, const.rope_neox)  # (n, n_kv, hd)
         scale(kern, q, const.q_scale)
-        store_kv(kern, k, v, slots, positions, k_cache, v_cache)
+        store_kv(kern, k, v, slots, buf.kv_tables, positions, k_cache, v_cache)
         attention(kern, q, k_cache, v_cache, slots, positions, window, const.score_scale,
                   buf, attn)  # (n, n_head, hd)
         project_one(attn_p, table, il, _i64(ATTN_OUTPUT), o_p, buf)  # (p, n_embd)

@@ -35,15 +35,18 @@ class KVCache:
     """F16 keys and values (stored as uint16 bits) for every layer and slot: the CPU layers'
     here, the offloaded layers' on the device (`device`, cuda/offload.py's DeviceCache).
 
-    Indexed (n_layer, n_slots, n_ctx, n_kv, hd), as the kernels see them, but stored head by
-    head, (n_layer, n_slots, n_kv, n_ctx, hd): attention reads one KV head's rows of a slot,
-    which are then one contiguous run that the hardware prefetcher streams, where rows
-    interleaved with the other heads' were a strided walk (docs/performance.md, "Head-major KV
-    cache")."""
+    The kernels see a layer's cache as a pool of blocks (n_blocks, B, n_kv, hd) and each
+    slot's cells through its row of `tables` (cell p of slot s: row p % B of block
+    tables[s, p // B]). Here each slot owns one block of n_ctx cells (tables[s] = [s]); the
+    pool shared by all sequences is issue 38's next step. Stored head by head,
+    (n_layer, n_blocks, n_kv, B, hd): attention reads one KV head's rows of a block, which
+    are then one contiguous run that the hardware prefetcher streams, where rows interleaved
+    with the other heads' were a strided walk (docs/performance.md, "Head-major KV cache")."""
 
     def __init__(self, k: np.ndarray, v: np.ndarray, device=None):
         self.k, self.v, self.device = k, v, device
         self.n_slots = k.shape[1]
+        self.tables = np.arange(self.n_slots, dtype=np.int32).reshape(self.n_slots, 1)
 
     @classmethod
     def allocate(cls, config: ModelConfig, n_ctx: int, n_slots: int, n_layer: int,
@@ -103,7 +106,7 @@ def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
         xq=scratch.xq, xd=scratch.xd, xs=scratch.xs, xf=scratch.xf,
         scores=f32(n_thr, attn_scratch),
         attn_shared=f32(shared_floats(c.n_head, c.head_dim, n_ctx, n_thr)),
-        k_cache=cache.k, v_cache=cache.v,
+        k_cache=cache.k, v_cache=cache.v, kv_tables=cache.tables,
     )
 
 

@@ -45,10 +45,12 @@ def make_cache(rng, n_slots, n_ctx, n_kv, hd):
 
 
 def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch=None,
-        kernel=attention, shared=None):
+        kernel=attention, shared=None, tables=None):
     """The kernel on fresh output; by default without `shared` scratch, so a decode split
-    allocates its own."""
+    allocates its own, and with each slot one block of the cache (tables[s] = [s])."""
     slots, positions = np.asarray(slots, np.int32), np.asarray(positions, np.int32)
+    if tables is None:
+        tables = np.arange(k_cache.shape[0], dtype=np.int32).reshape(-1, 1)
     if scratch is None:
         scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, k_cache.shape[1]), np.float32)
     if shared is None:
@@ -59,8 +61,8 @@ def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
         task = (flash_task if kernel is flash_attention else attention_task)()
-        kernel(q, k_cache, v_cache, slots, positions, window, np.float32(scale), scratch, shared,
-               out, task)
+        kernel(q, k_cache, v_cache, slots, tables, positions, window, np.float32(scale),
+               scratch, shared, out, task)
     finally:
         numba.set_num_threads(old)
     np.testing.assert_array_equal(q, q_before)  # q is read, not rounded in place
@@ -215,3 +217,67 @@ def test_prefetch_is_a_hint_even_past_the_end():
     assert touch(a) == a.sum()
     (sig,) = touch.signatures
     assert "llvm.prefetch" in touch.inspect_llvm(sig)
+
+
+def paged(rng, k_cache, v_cache, block):
+    """The same cells in a pool of `block`-cell blocks, in a random order, with spare blocks
+    of noise between them: (k_pool, v_pool, tables)."""
+    n_slots, n_ctx = k_cache.shape[:2]
+    per = n_ctx // block
+    n_blocks = n_slots * per + 3
+    order = rng.permutation(n_blocks)[: n_slots * per].astype(np.int32)
+    tables = order.reshape(n_slots, per)
+    pools = []
+    for cache in (k_cache, v_cache):
+        pool = rng.standard_normal((n_blocks, block) + cache.shape[2:]).astype(
+            np.float16).view(np.uint16)
+        for s in range(n_slots):
+            for b in range(per):
+                pool[tables[s, b]] = cache[s, b * block : (b + 1) * block]
+        pools.append(pool)
+    return pools[0], pools[1], tables
+
+
+@pytest.mark.parametrize("kernel", [attention, flash_attention], ids=["plain", "flash"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("block", [KEY_BLOCK, 2 * KEY_BLOCK, 4 * KEY_BLOCK])
+@pytest.mark.parametrize(
+    "n_head, n_kv, hd, positions, slots, window",
+    [
+        (9, 3, 64, list(range(100, 180)), [1] * 80, 0),  # prefill after a cached prefix
+        (4, 1, 256, [700, 5, 511, 256], [0, 1, 2, 3], 0),  # batched decode, 4 sequences
+        (6, 2, 32, list(range(0, 300)), [2] * 300, 100),  # sliding window across blocks
+        (8, 2, 16, [1023], [3], 0),  # one long decode row: split across threads
+    ],
+)
+def test_paged_cache_is_bit_for_bit_the_contiguous_one(kernel, threads, block, n_head, n_kv,
+                                                       hd, positions, slots, window):
+    """Reading the cells through out-of-order block tables gives the same bits as reading
+    them from one contiguous run per slot."""
+    rng = np.random.default_rng(block + hd)
+    k, v = make_cache(rng, 4, 1024, n_kv, hd)
+    q = rng.standard_normal((len(positions), n_head, hd)).astype(np.float32)
+    k_pool, v_pool, tables = paged(rng, k, v, block)
+    args = (slots, positions, window, 0.125, threads)
+    contiguous = run(q, k, v, *args, kernel=kernel)
+    through_tables = run(q, k_pool, v_pool, *args, kernel=kernel, tables=tables)
+    np.testing.assert_array_equal(through_tables, contiguous)
+
+
+def test_store_kv_writes_through_the_block_tables():
+    from edgeinfer.kernels.attention import store_kv
+
+    rng = np.random.default_rng(7)
+    n_kv, hd, block = 2, 8, 64
+    k_pool = np.zeros((6, block, n_kv, hd), np.uint16)
+    v_pool = np.zeros_like(k_pool)
+    tables = np.array([[4, 1, 3], [0, 5, 2]], np.int32)
+    slots, positions = np.array([0, 0, 1, 1], np.int32), np.array([0, 130, 64, 191], np.int32)
+    k = rng.standard_normal((4, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((4, n_kv, hd)).astype(np.float32)
+    store_kv(k, v, slots, tables, positions, k_pool, v_pool)
+    for i, (s, p) in enumerate(zip(slots, positions)):
+        blk, row = tables[s, p // block], p % block
+        np.testing.assert_array_equal(k_pool[blk, row], k[i].astype(np.float16).view(np.uint16))
+        np.testing.assert_array_equal(v_pool[blk, row], v[i].astype(np.float16).view(np.uint16))
+    assert np.count_nonzero(k_pool.any(axis=(2, 3))) == 4  # nothing else written

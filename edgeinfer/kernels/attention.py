@@ -1,9 +1,14 @@
 """Causal grouped-query attention over the F16 KV cache, tiled for prefill and long contexts.
 
 One kernel serves prefill (many tokens of one sequence) and batched decode (one token of each
-of several sequences): every query row carries its own cache slot and absolute position, and
-attends to cache cells [lo, pos] of that slot, where lo = pos - window + 1 on sliding-window
-layers (llama.cpp's causal mask with `n_swa`).
+of several sequences): every query row carries its own sequence slot and absolute position,
+and attends to cells [lo, pos] of that sequence, where lo = pos - window + 1 on
+sliding-window layers (llama.cpp's causal mask with `n_swa`).
+
+The cache is paged: a layer's K (and V) is a pool of blocks (n_blocks, B, n_kv, hd), and
+cell p of slot s is row p % B of block tables[s, p // B]. B is a multiple of KEY_BLOCK (or
+the table has one column: a contiguous cache of B = n_ctx cells per slot), so a key block
+never straddles two cache blocks and the sums are the same bits whatever the table says.
 
 Work is split into items: a tile of consecutive same-slot tokens x one KV head. The tile's
 rows are its tokens x the query heads of that KV group, so each K and V row is converted from
@@ -202,6 +207,22 @@ def _prefetch_kv(k_cache, v_cache, s, j, kvh, end):
             prefetch(v_cache, s, j, kvh, d)
 
 
+@njit(cache=True, nogil=True)
+def _prefetch_at(k_cache, v_cache, tbl, j, kvh, end):
+    """_prefetch_kv of cell j < end of the sequence whose block table row is tbl."""
+    if j < end:
+        bs = k_cache.shape[1]
+        _prefetch_kv(k_cache, v_cache, tbl[j // bs], j % bs, kvh, end)
+
+
+@njit(cache=True, nogil=True)
+def _page(tbl, bs, j0, end):
+    """Where key block [j0, ...) lives: (cache block, its row of j0, the cell limit `end` as a
+    row of that block, capped at bs: prefetching stops at the block's end)."""
+    off = j0 % bs
+    return tbl[j0 // bs], off, min(end - (j0 - off), bs)
+
+
 @intrinsic
 def _as_c(typingctx, arr):
     """arr, typed C-contiguous (the same data model). Only for a view that is contiguous in
@@ -391,22 +412,25 @@ def _blocks(ka, kb, part, n_part):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
+def _tile_scores(qt, k_cache, v_cache, kf, tbl, kvh, positions, i0, nt, group, window, ka, kb,
                  blk_lo, blk_hi, sc):
     """Raw dots of the tile rows with the keys they see in blocks [blk_lo, blk_hi), into
-    sc[r, key - ka]. A tile of <= 4 rows uses each key once: it reads the cache directly;
-    bigger tiles convert each block to f32 once. Both prefetch K and V rows ahead."""
+    sc[r, key - ka]; tbl: the sequence's block table row. A tile of <= 4 rows uses each key
+    once: it reads the cache directly; bigger tiles convert each block to f32 once. Both
+    prefetch K and V rows ahead."""
     direct = nt * group <= 4
+    bs = k_cache.shape[1]
     end = min(blk_hi * KEY_BLOCK, kb)
     j = max(blk_lo * KEY_BLOCK, ka)
     for jj in range(j, min(j + PREFETCH_KEYS, end)):  # the loops below ask further ahead
-        _prefetch_kv(k_cache, v_cache, s, jj, kvh, end)
+        _prefetch_at(k_cache, v_cache, tbl, jj, kvh, end)
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        pg, off, pf_end = _page(tbl, bs, j0, end)
         if not direct:
             for jj in range(j0, j1):
-                _prefetch_kv(k_cache, v_cache, s, jj + PREFETCH_KEYS, kvh, end)
-            _convert_rows(k_cache, s, j0, j1 - j0, kvh, kf)
+                _prefetch_at(k_cache, v_cache, tbl, jj + PREFETCH_KEYS, kvh, end)
+            _convert_rows(k_cache, pg, off, j1 - j0, kvh, kf)
         t = np.int64(0)  # not a literal: one compiled _same_keys (run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
@@ -414,8 +438,8 @@ def _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i0, nt, group, win
             for r in range(t * group, t1 * group, 4):
                 rb, rc, rd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
                 if direct:
-                    _scores4(qt, k_cache, s, j0, kvh, r, rb, rc, rd, a, b, sc, j0 - ka,
-                             k_cache, v_cache, end)
+                    _scores4(qt, k_cache, pg, off, kvh, r, rb, rc, rd, a, b, sc, j0 - ka,
+                             k_cache, v_cache, pf_end)
                 else:
                     _scores4(qt, kf, 0, 0, 0, r, rb, rc, rd, a, b, sc, j0 - ka, k_cache,
                              v_cache, 0)
@@ -431,17 +455,20 @@ def _tile_softmax(sc, scale, positions, i0, group, window, ka, r_lo, r_hi):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window, ka, kb,
+def _tile_values(acc, sc, v_cache, kf, tbl, kvh, positions, i0, nt, group, window, ka, kb,
                  blk_lo, blk_hi):
-    """acc[r] = P[r] @ V over the tile rows' keys in blocks [blk_lo, blk_hi)."""
+    """acc[r] = P[r] @ V over the tile rows' keys in blocks [blk_lo, blk_hi); tbl: the
+    sequence's block table row."""
+    bs = v_cache.shape[1]
     spare = acc.shape[0] - 1  # rows past a run go to the 3 spare rows, never read
     acc[: nt * group] = 0.0  # acc is sized for the longest tile: zero only the rows used
     acc[spare - 2 :] = 0.0
     direct = nt * group <= 4
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        pg, off = tbl[j0 // bs], j0 % bs
         if not direct:
-            _convert_rows(v_cache, s, j0, j1 - j0, kvh, kf)
+            _convert_rows(v_cache, pg, off, j1 - j0, kvh, kf)
         t = np.int64(0)  # not a literal: one compiled _same_keys (run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
@@ -452,8 +479,8 @@ def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window,
                 rd = r + 3 if r + 3 <= last else spare - 2
                 pb, pc, pd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
                 if direct:
-                    _accumulate4(acc, sc, j0 - ka, v_cache, s, j0, kvh, r, rb, rc, rd, r, pb,
-                                 pc, pd, a, b)
+                    _accumulate4(acc, sc, j0 - ka, v_cache, pg, off, kvh, r, rb, rc, rd, r,
+                                 pb, pc, pd, a, b)
                 else:
                     _accumulate4(acc, sc, j0 - ka, kf, 0, 0, 0, r, rb, rc, rd, r, pb, pc, pd,
                                  a, b)
@@ -461,11 +488,11 @@ def _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i0, nt, group, window,
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale, buf,
-              out):
+def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, tables, positions, window, scale,
+              buf, out):
     """Work item w: batch rows [c*chunk, (c+1)*chunk) (runs of one slot each) x KV head kvh."""
     n, n_head, hd = q.shape
-    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    n_ctx, n_kv = tables.shape[1] * k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
     c, kvh = _work_item(w, n_items, n_kv)
     qt, acc, kf, sc = _thread_scratch(buf, _tile_tokens(group, n_ctx) * group, hd, n_ctx)
@@ -475,17 +502,17 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, 
         i1 = i + 1
         while i1 < end and slots[i1] == slots[i]:
             i1 += 1
-        s, nt = slots[i], i1 - i
+        tbl, nt = tables[slots[i]], i1 - i
         ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt)
         blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
-        _tile_scores(qt, k_cache, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
+        _tile_scores(qt, k_cache, v_cache, kf, tbl, kvh, positions, i, nt, group, window, ka, kb,
                      blk_lo, blk_hi, sc)
         _tile_softmax(sc, scale, positions, i, group, window, ka, 0, nt * group)
         first, end_seg = _segments(ka, kb)
         for seg in range(first, end_seg):  # out = seg_0 + seg_1 + ..., in order
             seg_lo, seg_hi = _segment_blocks(seg, ka, kb)
-            _tile_values(acc, sc, v_cache, kf, s, kvh, positions, i, nt, group, window, ka, kb,
-                         seg_lo, seg_hi)
+            _tile_values(acc, sc, v_cache, kf, tbl, kvh, positions, i, nt, group, window, ka,
+                         kb, seg_lo, seg_hi)
             for t in range(nt):  # a row outside the segment adds exact zeros
                 for g in range(group):
                     row, head = t * group + g, kvh * group + g
@@ -534,21 +561,21 @@ RUN_ITEMS, SPLIT_SCORES, SPLIT_ROWS, SPLIT_VALUES = 0, 1, 2, 3
 
 @njit(cache=True, nogil=True, fastmath=FAST)
 def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache,
-                   v_cache, slots, positions, window, scale, work, split, out):
+                   v_cache, slots, tables, positions, window, scale, work, split, out):
     """Task `task` of an attention call's parallel loop (or, with n_seg 1, all the items of
     a serial call). Reached through its native address: a prange compiles its body apart,
     with all it calls inlined and optimized again, which for the four loops this kernel had
     took 12 s of a first run's compile (kernels/native.py)."""
     n, n_head, hd = q.shape
-    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    n_ctx, n_kv = tables.shape[1] * k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
     tile = _tile_tokens(group, n_ctx)
     buf = work[get_thread_id()]
     if mode == RUN_ITEMS:
         w, k = next_chunk(counters, task, np.int64(0), n_items, n_seg)
         while w >= 0:
-            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
-                      buf, out)
+            _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, tables, positions, window,
+                      scale, buf, out)
             w, k = next_chunk(counters, task, k, n_items, n_seg)
         return
     # Few long rows (decode): each row's keys split into n_part ranges across the threads
@@ -568,16 +595,16 @@ def attention_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest,
     if mode == SPLIT_SCORES:
         ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt)
         blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-        _tile_scores(qt, k_cache, v_cache, kf, slots[i], kvh, positions, i, one, group, window,
-                     ka, kb, blk_lo, blk_hi, scores)
+        _tile_scores(qt, k_cache, v_cache, kf, tables[slots[i]], kvh, positions, i, one, group,
+                     window, ka, kb, blk_lo, blk_hi, scores)
     else:  # this part's share of the row's segments, each one's sums kept apart
         ka, kb = _key_range(positions[i], window)
         first, end_seg = _segments(ka, kb)
         for seg in range(first + (end_seg - first) * part // n_part,
                          first + (end_seg - first) * (part + 1) // n_part):
             seg_lo, seg_hi = _segment_blocks(seg, ka, kb)
-            _tile_values(acc, scores, v_cache, kf, slots[i], kvh, positions, i, one, group,
-                         window, ka, kb, seg_lo, seg_hi)
+            _tile_values(acc, scores, v_cache, kf, tables[slots[i]], kvh, positions, i, one,
+                         group, window, ka, kb, seg_lo, seg_hi)
             for g in range(group):
                 seg_acc[seg - first, i, kvh * group + g] = acc[g]
 
@@ -602,7 +629,7 @@ def _sum_segments(split, positions, window, longest, out):
 
 @njit(parallel=True, cache=True, nogil=True)
 def run_tasks(task, n_phases, parallel, n_part, n_items, chunk, longest, q, k_cache, v_cache,
-              slots, positions, window, scale, work, split, out):
+              slots, tables, positions, window, scale, work, split, out):
     """The parallel loops of attention and flash_attention, each task done by the kernel's
     task function at address `task` (attention_task, flash.flash_task): with n_part > 1 a
     decode split's phases SPLIT_SCORES .. n_phases; else the work items, each thread its
@@ -617,29 +644,33 @@ def run_tasks(task, n_phases, parallel, n_part, n_items, chunk, longest, q, k_ca
             for t in prange(n_tasks):
                 call("attention_task", task, (np.int64(mode), np.int64(t), counters, zero,
                                               n_items, chunk, n_part, longest, q, k_cache,
-                                              v_cache, slots, positions, window, scale, work,
-                                              split, out))
+                                              v_cache, slots, tables, positions, window,
+                                              scale, work, split, out))
     elif parallel:
         n_seg = n_workers(n_items)
         for t in prange(n_seg):
             call("attention_task", task, (np.int64(RUN_ITEMS), np.int64(t), counters, n_seg,
                                           n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                          slots, positions, window, scale, work, split, out))
+                                          slots, tables, positions, window, scale, work, split,
+                                          out))
     else:
         call("attention_task", task, (np.int64(RUN_ITEMS), zero, counters, np.int64(1),
                                       n_items, chunk, n_part, longest, q, k_cache, v_cache,
-                                      slots, positions, window, scale, work, split, out))
+                                      slots, tables, positions, window, scale, work, split,
+                                      out))
 
 
 @njit(cache=True, nogil=True)
-def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shared, out, task):
-    """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_slots, n_ctx, n_kv, hd)
-    uint16 F16 bits; slots/positions (n,) int32; scores (n_threads, m) f32 per-thread scratch,
+def attention(q, k_cache, v_cache, slots, tables, positions, window, scale, scores, shared, out,
+              task):
+    """q (n, n_head, hd) f32 (left unchanged); k_cache/v_cache (n_blocks, B, n_kv, hd)
+    uint16 F16 bits; slots/positions (n,) int32; tables (n_slots, n_ctx / B) int32, each
+    slot's cache blocks; scores (n_threads, m) f32 per-thread scratch,
     allocated here when m < scratch_floats(...); shared (k,) f32 scratch of the decode split,
     allocated here when k < shared_floats(...); out (n, n_head, hd) f32; task: the native
     address of attention_task (task_address()), which does the work."""
     n, n_head, hd = q.shape
-    n_ctx, n_kv = k_cache.shape[1], k_cache.shape[2]
+    n_ctx, n_kv = tables.shape[1] * k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
     tile = _tile_tokens(group, n_ctx)
     parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, tile)
@@ -651,7 +682,7 @@ def attention(q, k_cache, v_cache, slots, positions, window, scale, scores, shar
         size = n * n_head * longest + _max_segments(longest) * n * n_head * hd
         split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
     run_tasks(task, np.int64(SPLIT_VALUES), parallel, n_part, n_items, chunk, longest, q,
-              k_cache, v_cache, slots, positions, window, scale, work, split, out)
+              k_cache, v_cache, slots, tables, positions, window, scale, work, split, out)
     if n_part > 1:
         _sum_segments(split, positions, window, longest, out)
 
@@ -662,13 +693,16 @@ def task_address() -> int:
 
 
 @njit(cache=True, nogil=True)
-def store_kv(k, v, slots, positions, k_cache, v_cache):
+def store_kv(k, v, slots, tables, positions, k_cache, v_cache):
     """Write this batch's K and V (n, n_kv, hd) f32 into the cache as F16, before attention
-    reads them (llama.cpp copies into the cache first, so the current token is F16 too)."""
+    reads them (llama.cpp copies into the cache first, so the current token is F16 too):
+    cell p of slot s is row p % B of block tables[s, p // B]."""
     n, n_kv, hd = k.shape
+    bs = k_cache.shape[1]
     for i in range(n):
-        s, p = slots[i], positions[i]
+        p = positions[i]
+        blk, row = tables[slots[i], p // bs], p % bs
         for h in range(n_kv):
             for d in range(hd):
-                k_cache[s, p, h, d] = f32_to_f16_bits(k[i, h, d])
-                v_cache[s, p, h, d] = f32_to_f16_bits(v[i, h, d])
+                k_cache[blk, row, h, d] = f32_to_f16_bits(k[i, h, d])
+                v_cache[blk, row, h, d] = f32_to_f16_bits(v[i, h, d])

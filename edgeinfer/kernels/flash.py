@@ -40,8 +40,9 @@ from edgeinfer.kernels.attention import (
     _blocks,
     _convert_rows,
     _f32,
+    _page,
     _plan,
-    _prefetch_kv,
+    _prefetch_at,
     _same_keys,
     _scaled_max,
     _scores4,
@@ -177,11 +178,13 @@ def _flash_block_scores(qt, src, sl, jsrc, kvh, positions, i0, nt, group, window
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions, i0, nt, group,
-                window, ka, kb, blk_lo, blk_hi, scale, f16_path):
+def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, tbl, kvh, positions, i0, nt,
+                group, window, ka, kb, blk_lo, blk_hi, scale, f16_path):
     """acc, m, s of the tile rows after the keys they see in blocks [blk_lo, blk_hi):
-    unnormalised outputs, maxima and sums. Tiles of <= 4 rows read the cache directly,
-    bigger ones convert each block of K and of V to f32 once."""
+    unnormalised outputs, maxima and sums; tbl: the sequence's block table row. Tiles of
+    <= 4 rows read the cache directly, bigger ones convert each block of K and of V to f32
+    once."""
+    bs = k_cache.shape[1]
     rows = nt * group
     acc[:] = 0.0
     m[:] = -np.inf
@@ -191,19 +194,20 @@ def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions,
     end = min(blk_hi * KEY_BLOCK, kb)
     j = max(blk_lo * KEY_BLOCK, ka)
     for jj in range(j, min(j + PREFETCH_KEYS, end)):
-        _prefetch_kv(k_cache, v_cache, sl, jj, kvh, end)
+        _prefetch_at(k_cache, v_cache, tbl, jj, kvh, end)
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
+        sl, off, pf_end = _page(tbl, bs, j0, end)
         if direct:
-            _flash_block_scores(qt, k_cache, sl, j0, kvh, positions, i0, nt, group, window,
-                                j0, j1, sc, v_cache, end)
+            _flash_block_scores(qt, k_cache, sl, off, kvh, positions, i0, nt, group, window,
+                                j0, j1, sc, v_cache, pf_end)
         else:
             for jj in range(j0, j1):
-                _prefetch_kv(k_cache, v_cache, sl, jj + PREFETCH_KEYS, kvh, end)
-            _convert_rows(k_cache, sl, j0, j1 - j0, kvh, kf)
+                _prefetch_at(k_cache, v_cache, tbl, jj + PREFETCH_KEYS, kvh, end)
+            _convert_rows(k_cache, sl, off, j1 - j0, kvh, kf)
             _flash_block_scores(qt, kf, 0, 0, 0, positions, i0, nt, group, window, j0, j1, sc,
                                 kf, 0)
-            _convert_rows(v_cache, sl, j0, j1 - j0, kvh, kf)
+            _convert_rows(v_cache, sl, off, j1 - j0, kvh, kf)
         t = np.int64(0)  # not a literal (attention.run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)
@@ -221,14 +225,14 @@ def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, sl, kvh, positions,
                     pb, pc, pd = min(r + 1, last), min(r + 2, last), min(r + 3, last)
                     if f16_path:
                         if direct:
-                            _accumulate4_f16(acc, sc, rs, v_cache, sl, j0, kvh, r, rb, rc, rd,
-                                             r, pb, pc, pd, a, b)
+                            _accumulate4_f16(acc, sc, rs, v_cache, sl, off, kvh, r, rb, rc,
+                                             rd, r, pb, pc, pd, a, b)
                         else:
                             _accumulate4_f16(acc, sc, rs, kf, 0, 0, 0, r, rb, rc, rd, r, pb,
                                              pc, pd, a, b)
                     else:
                         if direct:
-                            _accumulate4(acc, sc, 0, v_cache, sl, j0, kvh, r, rb, rc, rd, r,
+                            _accumulate4(acc, sc, 0, v_cache, sl, off, kvh, r, rb, rc, rd, r,
                                          pb, pc, pd, a, b)
                         else:
                             _accumulate4(acc, sc, 0, kf, 0, 0, 0, r, rb, rc, rd, r, pb, pc,
@@ -244,7 +248,7 @@ def _normalise(acc, s, out_row, r):
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window, scale,
+def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, tables, positions, window, scale,
                 f16_path, buf, out):
     """Work item w: batch rows [c*chunk, (c+1)*chunk) (runs of one slot each) x KV head kvh."""
     n, n_head, hd = q.shape
@@ -261,8 +265,8 @@ def _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window
         nt = i1 - i
         ka, kb = _tile_setup(q, positions, i, nt, kvh, group, window, qt, f16_path)
         blk_lo, blk_hi = _blocks(ka, kb, 0, 1)
-        _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i, nt,
-                    group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+        _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, tables[slots[i]], kvh,
+                    positions, i, nt, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
         for t in range(nt):
             for g in range(group):
                 _normalise(acc, s, out[i + t, kvh * group + g], t * group + g)
@@ -293,7 +297,7 @@ def _merge_parts(part_acc, part_m, part_s, i, h, out_row):
 
 @njit(cache=True, nogil=True, fastmath=FAST)
 def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache,
-               v_cache, slots, positions, window, scale, work, split, out):
+               v_cache, slots, tables, positions, window, scale, work, split, out):
     """Task `task` of a flash_attention call's parallel loop (all the items of a serial call
     with n_seg 1), as attention.attention_task: RUN_ITEMS, or a decode split's SPLIT_SCORES
     (one key range's (M, S, acc)) and SPLIT_ROWS (one row and head's merge)."""
@@ -305,8 +309,8 @@ def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, 
     if mode == RUN_ITEMS:
         w, k = next_chunk(counters, task, np.int64(0), n_items, n_seg)
         while w >= 0:
-            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, positions, window,
-                        scale, f16_path, buf, out)
+            _flash_item(w, n_items, chunk, q, k_cache, v_cache, slots, tables, positions,
+                        window, scale, f16_path, buf, out)
             w, k = next_chunk(counters, task, k, n_items, n_seg)
         return
     part_acc, part_m, part_s = _split_views(split, n_part, n, n_head, hd)
@@ -319,8 +323,8 @@ def flash_task(mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, 
     qt, acc, kf, sc, rs, m, s = _flash_scratch(buf, TILE_TOKENS * group, hd)
     ka, kb = _tile_setup(q, positions, i, one, kvh, group, window, qt, f16_path)
     blk_lo, blk_hi = _blocks(ka, kb, part, n_part)
-    _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, slots[i], kvh, positions, i, one,
-                group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
+    _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, tables[slots[i]], kvh, positions,
+                i, one, group, window, ka, kb, blk_lo, blk_hi, scale, f16_path)
     for g in range(group):
         h = kvh * group + g
         part_acc[part, i, h] = acc[g]
@@ -337,10 +341,11 @@ def _split_views(split, n_part, n, n_head, hd):
 
 
 @njit(cache=True, nogil=True)
-def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratch, shared,
-                    out, task):
+def flash_attention(q, k_cache, v_cache, slots, tables, positions, window, scale, scratch,
+                    shared, out, task):
     """As attention.attention, with an online softmax: q (n, n_head, hd) f32 (unchanged);
-    k_cache/v_cache (n_slots, n_ctx, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
+    k_cache/v_cache (n_blocks, B, n_kv, hd) uint16 F16 bits; slots/positions (n,) int32;
+    tables (n_slots, n_ctx / B) int32, each slot's cache blocks;
     scratch (n_threads, m) f32, allocated here when m < flash_scratch_floats(...); shared (k,)
     f32 scratch of the decode split, allocated here when k < shared_floats(...); out
     (n, n_head, hd) f32; task: flash_task's native address (task_address())."""
@@ -359,7 +364,7 @@ def flash_attention(q, k_cache, v_cache, slots, positions, window, scale, scratc
         size = n_part * n * n_head * (hd + 2)
         split = shared if shared.shape[0] >= size else np.empty(size, np.float32)
     run_tasks(task, np.int64(SPLIT_ROWS), parallel, n_part, n_items, chunk, longest, q,
-              k_cache, v_cache, slots, positions, window, scale, work, split, out)
+              k_cache, v_cache, slots, tables, positions, window, scale, work, split, out)
 
 
 def task_address() -> int:

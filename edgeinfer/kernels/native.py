@@ -33,8 +33,8 @@ def _array(dtype, ndim: int, readonly: bool = False) -> types.Array:
 
 
 _F32_1, _F32_2, _F32_3 = (_array(types.float32, n) for n in (1, 2, 3))
-_I32_1 = _array(types.int32, 1)
-# one layer of the F16 KV cache (n_slots, n_ctx, n_kv, hd), stored head-major (model.KVCache):
+_I32_1, _I32_2 = _array(types.int32, 1), _array(types.int32, 2)
+# one layer of the F16 KV cache (n_blocks, B, n_kv, hd), stored head-major (model.KVCache):
 # any layout whose head dimension is contiguous; a C-contiguous array fits too
 _KV = types.Array(types.uint16, 4, "A")
 
@@ -44,14 +44,17 @@ SIGNATURES: dict[str, tuple[types.Type, ...]] = {
                _F32_2, _F32_2),
     # registry.py: quantizer(x, xq, xd, xs, xf)
     "quantize": (_F32_2, _array(types.int8, 2), _F32_2, _F32_2, _F32_2),
-    # attention / flash_attention(q, k_cache, v_cache, slots, positions, window, scale,
-    # scores, shared, out, task), task the address of an "attention_task" of the same module
-    "attention": (_F32_3, _KV, _KV, _I32_1, _I32_1, types.int64, types.float32, _F32_2,
-                  _F32_1, _F32_3, types.int64),
+    # attention / flash_attention(q, k_cache, v_cache, slots, tables, positions, window,
+    # scale, scores, shared, out, task), task the address of an "attention_task" of the same
+    # module, tables each slot's cache blocks
+    "attention": (_F32_3, _KV, _KV, _I32_1, _I32_2, _I32_1, types.int64, types.float32,
+                  _F32_2, _F32_1, _F32_3, types.int64),
     # (mode, task, counters, n_seg, n_items, chunk, n_part, longest, q, k_cache, v_cache,
-    # slots, positions, window, scale, work, split, out): a share of a parallel attention call
-    "attention_task": (types.int64,) * 8 + (_F32_3, _KV, _KV, _I32_1, _I32_1, types.int64,
-                                            types.float32, _F32_2, _F32_1, _F32_3),
+    # slots, tables, positions, window, scale, work, split, out): a share of a parallel
+    # attention call
+    "attention_task": (types.int64,) * 8 + (_F32_3, _KV, _KV, _I32_1, _I32_2, _I32_1,
+                                            types.int64, types.float32, _F32_2, _F32_1,
+                                            _F32_3),
     # the ops.py / attention.py kernels of the layer loop
     "rms_norm": (_F32_2, _F32_1, types.float64, _F32_2),  # (x, weight, eps, out)
     "rms_norm_inplace": (_F32_2, _F32_1, types.float64),  # (x, weight, eps)
@@ -59,7 +62,8 @@ SIGNATURES: dict[str, tuple[types.Type, ...]] = {
     "scale_inplace": (_F32_3, types.float64),  # (x, factor)
     "add_inplace": (_F32_2, _F32_2),  # (x, y)
     "add_bias": (_F32_2, _F32_1),  # (x, bias)
-    "store_kv": (_F32_3, _F32_3, _I32_1, _I32_1, _KV, _KV),  # (k, v, slots, positions, ...)
+    "store_kv": (_F32_3, _F32_3, _I32_1, _I32_2, _I32_1, _KV, _KV),  # (k, v, slots, tables,
+    # positions, k_cache, v_cache)
     "swiglu": (_F32_2, _F32_2, _F32_2),  # (gate, up, out)
     "geglu": (_F32_2, _F32_2, _F32_1, _F32_2),  # (gate, up, table, out)
 }
