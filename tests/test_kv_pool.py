@@ -4,8 +4,21 @@ pool, checked against a shadow of what each block holds."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from edgeinfer.kv import (
     ROOT,
@@ -367,3 +380,252 @@ def test_admission():
     match.release(pool)
     prefix.release()
     assert admit(pool, 64).verdict is Verdict.ADMIT  # the cached blocks can be evicted
+
+
+# --- many sequences sharing a small pool: a hypothesis state machine
+
+# a few shared "system prompts", then a tail from a tiny alphabet: prefixes are shared often,
+# in whole blocks and in part
+PROMPTS = [[], [0, 1, 2, 0, 1, 2], [0, 1, 2, 0, 2, 2, 1], [1, 1, 1, 1]]
+TOKENS = st.builds(lambda head, tail: head + tail, st.sampled_from(PROMPTS),
+                   st.lists(st.integers(0, 2), max_size=5))
+
+
+@dataclass
+class Live:
+    """A sequence in the machine: its table, its tokens, how many positions hold their KV,
+    and the row copy it still owes (holding the source block)."""
+
+    table: BlockTable
+    tokens: list[int]
+    n_done: int
+    pending: RowCopy | None
+    ready: bool = False  # every token computed
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Start requests (match, admit, adopt), compute them (copy, reserve, write), extend,
+    commit to the cache, finish, evict; `shadow` records what each block's rows hold."""
+
+    @initialize(size=st.sampled_from([1, 2, 3, 4]), n_blocks=st.integers(1, 16))
+    def setup(self, size, n_blocks):
+        self.size = size
+        self.pool = BlockPool(n_blocks, size)
+        self.cache = RadixCache(self.pool)
+        self.shadow: dict[int, list[int | None]] = {}
+        self.live: list[Live] = []
+
+    # rules
+
+    @rule(tokens=TOKENS, at_once=st.booleans())
+    def start(self, tokens, at_once):
+        match = self.cache.match(tokens)
+        self.check_match(tokens, match)
+        event(f"match: {'full blocks' if match.blocks else 'none'}"
+              f"{', partial' if match.partial else ''}")
+        decision = admit(self.pool, len(tokens), match)
+        if decision.verdict is Verdict.REJECT:
+            assert decision.total > self.pool.n_blocks
+            event("rejected")
+            match.release(self.pool)
+            return
+        table = BlockTable(self.pool)
+        before = self.snapshot()
+        try:
+            copy = table.adopt(match)
+        except PoolFull:
+            assert self.snapshot() == before
+            event("PoolFull in adopt")
+            match.release(self.pool)
+            return
+        n_done = len(match.blocks) * self.size
+        self.live.append(Live(table, list(tokens), n_done, copy))
+        if at_once:
+            self.compute_and_commit(self.live[-1], commit=True)
+
+    @rule(tokens=TOKENS)
+    def start_twins(self, tokens):
+        # two requests for the same tokens before either is computed: both compute the same
+        # blocks, and the second to commit finds the first's (a duplicate)
+        self.start(tokens, at_once=False)
+        self.start(tokens, at_once=False)
+
+    @precondition(lambda self: any(not s.ready for s in self.live))
+    @rule(data=st.data(), commit=st.booleans())
+    def compute(self, data, commit):
+        self.compute_and_commit(
+            data.draw(st.sampled_from([s for s in self.live if not s.ready])), commit)
+
+    def compute_and_commit(self, seq: Live, commit: bool) -> None:
+        if seq.pending is not None:
+            copy, seq.pending = seq.pending, None
+            self.require_exclusive(copy.dst)
+            rows = self.shadow[copy.src][:copy.n_rows]
+            self.shadow.setdefault(copy.dst, [None] * self.size)[:copy.n_rows] = rows
+            self.pool.unref(copy.src)
+            seq.n_done += copy.n_rows
+        seq.ready = self.write(seq, len(seq.tokens))
+        if seq.ready and commit and seq.table.commit(self.cache, seq.tokens):
+            event("commit switched to cached blocks")
+
+    @precondition(lambda self: any(s.ready for s in self.live))
+    @rule(data=st.data(), more=st.lists(st.integers(0, 2), min_size=1, max_size=5))
+    def extend(self, data, more):
+        seq = data.draw(st.sampled_from([s for s in self.live if s.ready]))
+        seq.tokens += more
+        if not self.write(seq, len(seq.tokens)):
+            del seq.tokens[-len(more):]
+
+    @precondition(lambda self: any(s.ready for s in self.live))
+    @rule(data=st.data())
+    def commit(self, data):
+        seq = data.draw(st.sampled_from([s for s in self.live if s.ready]))
+        if seq.table.commit(self.cache, seq.tokens):
+            event("commit switched to cached blocks")
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), commit_first=st.booleans())
+    def finish(self, data, commit_first):
+        seq = data.draw(st.sampled_from(self.live))
+        if commit_first and seq.ready:
+            seq.table.commit(self.cache, seq.tokens)
+        if seq.pending is not None:
+            self.pool.unref(seq.pending.src)
+        seq.table.release()
+        self.live.remove(seq)
+
+    @rule(n=st.integers(1, 4))
+    def evict(self, n):
+        evictable = self.pool.n_evictable
+        done = self.cache.evict(n)
+        assert done <= n and self.pool.n_evictable == evictable - done
+
+    @rule()
+    def drain(self):
+        for seq in list(self.live):
+            if seq.pending is not None:
+                self.pool.unref(seq.pending.src)
+            seq.table.release()
+        self.live.clear()
+        self.check_drained()
+
+    def teardown(self):
+        if hasattr(self, "pool"):
+            self.drain()
+
+    # helpers
+
+    def write(self, seq: Live, n_tokens: int) -> bool:
+        """Reserve and compute positions [n_done, n_tokens); False (and nothing changed)
+        on PoolFull."""
+        before = self.snapshot()
+        cached = len(self.cache)
+        try:
+            seq.table.reserve(n_tokens)
+        except PoolFull:
+            assert self.snapshot() == before
+            event("PoolFull in reserve")
+            return False
+        for p in range(seq.n_done, n_tokens):
+            block = seq.table.blocks[p // self.size]
+            self.require_exclusive(block)
+            self.shadow.setdefault(block, [None] * self.size)[p % self.size] = seq.tokens[p]
+        seq.n_done = n_tokens
+        if len(self.cache) < cached:
+            event("reserve evicted cached blocks")
+        return True
+
+    def require_exclusive(self, block: int) -> None:
+        # a block is written only by its one holder, and never once cached
+        assert self.pool.refcount(block) == 1 and not self.pool.is_cached(block)
+
+    def snapshot(self):
+        return (self.pool.refcounts().tolist(), self.pool.n_free, self.pool.n_evictable,
+                len(self.cache), sorted(self.tree_paths().items()))
+
+    def tree_paths(self) -> dict[tuple[int, ...], int]:
+        """Every cached prefix (a whole number of blocks) -> its last block."""
+        paths, stack = {}, [((), self.cache.root)]
+        while stack:
+            prefix, node = stack.pop()
+            for key, child in node.children.items():
+                assert child.tokens == key and child.parent is node
+                paths[prefix + key] = child.block
+                stack.append((prefix + key, child))
+        return paths
+
+    def check_match(self, tokens: list[int], match) -> None:
+        size, paths = self.size, self.tree_paths()
+        k = 0  # the reference: the longest cached prefix of whole blocks
+        while (k + 1) * size <= len(tokens) and tuple(tokens[:(k + 1) * size]) in paths:
+            k += 1
+        assert len(match.blocks) == k
+        for i, block in enumerate(match.blocks):
+            assert self.shadow[block] == tokens[i * size:(i + 1) * size]
+            assert paths[tuple(tokens[:(i + 1) * size])] == block
+        rest, best = tokens[k * size:(k + 1) * size], 0
+        for path in paths:
+            if len(path) == (k + 1) * size and list(path[:k * size]) == tokens[:k * size]:
+                m = 0
+                while m < len(rest) and path[k * size + m] == rest[m]:
+                    m += 1
+                best = max(best, m)
+        if match.partial is None:
+            assert best == 0
+        else:
+            block, m = match.partial
+            assert m == best and 0 < m < size and m <= len(rest)
+            assert self.shadow[block][:m] == rest[:m]
+
+    def check_drained(self) -> None:
+        pool = self.pool
+        assert pool.n_used == 0 and pool.n_free + pool.n_evictable == pool.n_blocks
+        assert pool.n_evictable == len(self.cache)
+        pool.check()
+        n_cached = len(self.cache)
+        assert self.cache.evict(pool.n_blocks) == n_cached
+        assert pool.n_free == pool.n_blocks and len(self.cache) == 0
+        assert self.cache.root.children == {}
+
+    # invariants, after every step
+
+    @invariant()
+    def refcounts_count_the_holders(self):
+        self.pool.check()
+        expected = [0] * self.pool.n_blocks
+        for seq in self.live:
+            assert len(set(seq.table.blocks)) == len(seq.table.blocks)
+            for block in seq.table.blocks:
+                expected[block] += 1
+            if seq.pending is not None:
+                expected[seq.pending.src] += 1
+        assert self.pool.refcounts().tolist() == expected
+        states = Counter("used" if r else "evictable" if self.pool.is_cached(b) else "free"
+                         for b, r in enumerate(expected))
+        assert (states["free"], states["evictable"], states["used"]) == (
+            self.pool.n_free, self.pool.n_evictable, self.pool.n_used)
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self):
+        paths = self.tree_paths()
+        blocks = list(paths.values())
+        assert len(set(blocks)) == len(blocks) == len(self.cache)
+        for path, block in paths.items():
+            assert block in self.cache and self.pool.is_cached(block)
+            assert self.shadow[block] == list(path[-self.size:])
+            parent = paths[path[:-self.size]] if len(path) > self.size else ROOT
+            assert self.pool.parent(block) == parent
+        assert sum(map(self.pool.is_cached, range(self.pool.n_blocks))) == len(blocks)
+
+    @invariant()
+    def sequences_read_their_own_tokens(self):
+        for seq in self.live:
+            for p in range(seq.n_done):
+                block = seq.table.blocks[p // self.size]
+                assert self.shadow[block][p % self.size] == seq.tokens[p]
+
+
+def test_kv_state_machine():
+    run_state_machine_as_test(KVMachine, settings=settings(
+        max_examples=600, stateful_step_count=50, deadline=None, database=None,
+        derandomize=True, suppress_health_check=[HealthCheck.too_slow]))
