@@ -93,6 +93,17 @@ def test_pool_full_is_clean():
     pool.check()
 
 
+def test_a_failed_alloc_many_keeps_the_cache():
+    pool = BlockPool(2, 1)
+    cached, held = pool.alloc_many(2)
+    pool.cache(cached, ROOT)
+    pool.unref(cached)
+    with pytest.raises(PoolFull):
+        pool.alloc_many(2)  # only one available: found out before evicting anything
+    assert pool.is_cached(cached) and pool.n_evictable == 1
+    pool.check()
+
+
 def test_cached_block_outlives_its_references_until_evicted():
     pool = BlockPool(2, 4)
     dropped = []
@@ -367,6 +378,8 @@ def test_admission():
     cache = RadixCache(pool)
     prefix = computed(pool, cache, list(range(32)))
     assert admit(pool, 100).verdict is Verdict.REJECT  # 7 blocks > 4, ever
+    assert admit(pool, 65).verdict is Verdict.REJECT  # 5 blocks
+    assert admit(pool, 64).verdict is Verdict.WAIT  # 4 blocks, 2 free and 2 held
     match = cache.match(list(range(40)))
     decision = admit(pool, 64, match)  # 4 blocks, 2 shared, 2 to allocate, 2 free
     assert decision.verdict is Verdict.ADMIT
@@ -424,8 +437,9 @@ class KVMachine(RuleBasedStateMachine):
         event(f"match: {'full blocks' if match.blocks else 'none'}"
               f"{', partial' if match.partial else ''}")
         decision = admit(self.pool, len(tokens), match)
+        assert (decision.verdict is Verdict.REJECT) == (decision.total > self.pool.n_blocks)
+        admitted = decision.verdict is Verdict.ADMIT and not self.pinned()
         if decision.verdict is Verdict.REJECT:
-            assert decision.total > self.pool.n_blocks
             event("rejected")
             match.release(self.pool)
             return
@@ -435,6 +449,7 @@ class KVMachine(RuleBasedStateMachine):
             copy = table.adopt(match)
         except PoolFull:
             self.require_unchanged(before)
+            assert not admitted
             event("PoolFull in adopt")
             match.release(self.pool)
             return
@@ -442,6 +457,7 @@ class KVMachine(RuleBasedStateMachine):
         self.live.append(Live(table, list(tokens), n_done, copy))
         if at_once:
             self.compute_and_commit(self.live[-1], commit=True)
+            assert self.live[-1].ready or not admitted  # admitted: it fits
 
     @rule(tokens=TOKENS)
     def start_twins(self, tokens):
