@@ -6,6 +6,8 @@
   sequence.py  BlockTable: one sequence's blocks (reserve, adopt a match with copy-on-write
                of a partial block, commit to the cache, release, the kernels' table row);
                admit: admission control in blocks
+
+Not thread-safe: like the model, it belongs to the one engine thread.
 """
 
 from edgeinfer.kv.pool import ROOT, BlockPool, PoolFull, block_nbytes
