@@ -15,7 +15,7 @@ import numpy as np
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.kernels import ops
-from edgeinfer.kernels.attention import scratch_floats, shared_floats
+from edgeinfer.kernels.attention import KEY_BLOCK, scratch_floats, shared_floats
 from edgeinfer.kernels.flash import flash_scratch_floats
 from edgeinfer.layers import (
     LINEARS,
@@ -30,56 +30,81 @@ from edgeinfer.layers import (
 from edgeinfer.linear import ActScratch, lazy_zeros, project
 from edgeinfer.weights import Weights
 
+KV_BLOCK = 4 * KEY_BLOCK  # cells per KV cache block (a key block never straddles two)
+
 
 class KVCache:
     """F16 keys and values (stored as uint16 bits) for every layer and slot: the CPU layers'
     here, the offloaded layers' on the device (`device`, cuda/offload.py's DeviceCache).
 
-    The kernels see a layer's cache as a pool of blocks (n_blocks, B, n_kv, hd) and each
-    slot's cells through its row of `tables` (cell p of slot s: row p % B of block
-    tables[s, p // B]). Here each slot owns one block of n_ctx cells (tables[s] = [s]); the
-    pool shared by all sequences is issue 38's next step. Stored head by head,
-    (n_layer, n_blocks, n_kv, B, hd): attention reads one KV head's rows of a block, which
-    are then one contiguous run that the hardware prefetcher streams, where rows interleaved
-    with the other heads' were a strided walk (docs/performance.md, "Head-major KV cache")."""
+    A layer's cache is a pool of blocks of B cells, indexed (n_layer, n_blocks, B, n_kv, hd)
+    as the kernels see them, and each slot reaches its cells through its row of `tables`:
+    cell p of slot s is row p % B of block tables[s, p // B]. Each slot holds the blocks of
+    its n_ctx cells, in order, for now; sharing the pool between sequences is issue 38's next
+    step (edgeinfer/kv/). Stored head by head, (n_layer, n_blocks, n_kv, B, hd): attention
+    reads one KV head's rows of a block, which are then one contiguous run that the hardware
+    prefetcher streams, where rows interleaved with the other heads' were a strided walk
+    (docs/performance.md, "Head-major KV cache")."""
 
-    def __init__(self, k: np.ndarray, v: np.ndarray, device=None):
-        self.k, self.v, self.device = k, v, device
-        self.n_slots = k.shape[1]
-        self.tables = np.arange(self.n_slots, dtype=np.int32).reshape(self.n_slots, 1)
+    def __init__(self, k: np.ndarray, v: np.ndarray, tables: np.ndarray | None = None,
+                 device=None):
+        if tables is None:  # one block per slot
+            tables = np.arange(k.shape[1], dtype=np.int32).reshape(-1, 1)
+        self.k, self.v, self.tables, self.device = k, v, tables, device
+        self.n_slots, self.block = tables.shape[0], k.shape[2]
+        self.n_ctx = tables.shape[1] * self.block  # cells a slot can hold
 
     @classmethod
     def allocate(cls, config: ModelConfig, n_ctx: int, n_slots: int, n_layer: int,
                  device=None) -> KVCache:
-        """The CPU cache of n_layer layers (the first ones; the rest are `device`'s)."""
-        stored = (n_layer, n_slots, config.n_head_kv, n_ctx, config.head_dim)
-        k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, S, ctx, kv, hd)
+        """The CPU cache of n_layer layers (the first ones; the rest are `device`'s): blocks
+        of KV_BLOCK cells, or one block of n_ctx cells per slot for a short context."""
+        block = KV_BLOCK if n_ctx > KV_BLOCK else n_ctx
+        per = -(-n_ctx // block)
+        stored = (n_layer, n_slots * per, config.n_head_kv, block, config.head_dim)
+        k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, blocks, B, kv, hd)
         v = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
-        return cls(k, v, device)
+        tables = np.arange(n_slots * per, dtype=np.int32).reshape(n_slots, per)
+        return cls(k, v, tables, device)
+
+    def _runs(self, slot: int, n_tokens: int):
+        """(block, rows) covering slot's first n_tokens cells, in order."""
+        for b in range(-(-n_tokens // self.block)):
+            yield self.tables[slot, b], min(self.block, n_tokens - b * self.block)
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Reuse the first n_tokens cells of slot src in slot dst (prefix caching)."""
         if src != dst:
-            self.k[:, dst, :n_tokens] = self.k[:, src, :n_tokens]
-            self.v[:, dst, :n_tokens] = self.v[:, src, :n_tokens]
+            for (a, rows), (b, _) in zip(self._runs(src, n_tokens), self._runs(dst, n_tokens)):
+                self.k[:, b, :rows] = self.k[:, a, :rows]
+                self.v[:, b, :rows] = self.v[:, a, :rows]
             if self.device is not None:
                 self.device.copy_prefix(src, dst, n_tokens)
 
     def slot_bytes(self, n_tokens: int) -> int:
         """Bytes of n_tokens cells of one slot, over every layer, K and V."""
-        host = 2 * self.k[:, 0, :n_tokens].nbytes
+        host = 2 * self.k[:, 0, :1].nbytes * n_tokens
         return host + (self.device.slot_bytes(n_tokens) if self.device is not None else 0)
 
     def read(self, slot: int, n_tokens: int) -> tuple:
-        """A host copy of slot's first n_tokens cells (for `write` to put back)."""
+        """A host copy of slot's first n_tokens cells, (n_layer, n_tokens, n_kv, hd) K and
+        V (for `write` to put back)."""
         device = self.device.read(slot, n_tokens) if self.device is not None else None
-        return (self.k[:, slot, :n_tokens].copy(), self.v[:, slot, :n_tokens].copy(), device)
+        runs = list(self._runs(slot, n_tokens))
+        k = np.concatenate([self.k[:, b, :rows] for b, rows in runs], axis=1) if runs else \
+            self.k[:, 0, :0].copy()
+        v = np.concatenate([self.v[:, b, :rows] for b, rows in runs], axis=1) if runs else \
+            self.v[:, 0, :0].copy()
+        return k, v, device
 
     def write(self, slot: int, saved: tuple, n_tokens: int) -> None:
         """The first n_tokens cells of a `read` copy (taken from at least as many) into slot."""
         k, v, device = saved
-        self.k[:, slot, :n_tokens] = k[:, :n_tokens]
-        self.v[:, slot, :n_tokens] = v[:, :n_tokens]
+        start = 0
+        for b, rows in self._runs(slot, n_tokens):
+            self.k[:, b, :rows] = k[:, start : start + rows]
+            self.v[:, b, :rows] = v[:, start : start + rows]
+            start += rows
         if self.device is not None:
             self.device.write(slot, device, n_tokens)
 
@@ -134,8 +159,8 @@ class Transformer:
                                          self.device.cache if self.device else None)
         linears = [weights.output] + [getattr(b, n) for b in weights.blocks for n in LINEARS]
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
-        self.buffers = allocate_buffers(config, n_batch, n_ctx, flash_attn, self.scratch,
-                                        self.kv_cache)
+        self.buffers = allocate_buffers(config, n_batch, self.kv_cache.n_ctx, flash_attn,
+                                        self.scratch, self.kv_cache)
         # attention first, then the matrix products: on a cold cache the compile helper
         # (kernels/precompile.py) starts from the other end
         self.kernels = kernels(weights.blocks[:n_cpu], self.numerics, flash_attn)
