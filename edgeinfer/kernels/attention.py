@@ -216,6 +216,18 @@ def _prefetch_at(k_cache, v_cache, tbl, j, kvh, end):
 
 
 @njit(cache=True, nogil=True)
+def _prefetch_rows(k_cache, v_cache, tbl, pg, base, a, b, kvh, end):
+    """Prefetch cells [a, b) before end: those of block pg (cells base..base + B - 1)
+    directly, the next block's through tbl."""
+    bs = k_cache.shape[1]
+    for j in range(a, min(b, end)):
+        if j < base + bs:
+            _prefetch_kv(k_cache, v_cache, pg, j - base, kvh, bs)
+        else:
+            _prefetch_at(k_cache, v_cache, tbl, j, kvh, end)
+
+
+@njit(cache=True, nogil=True)
 def _page(tbl, bs, j0, end):
     """Where key block [j0, ...) lives: (cache block, its row of j0, the cell limit `end` as a
     row of that block, capped at bs: prefetching stops at the block's end)."""
@@ -427,10 +439,14 @@ def _tile_scores(qt, k_cache, v_cache, kf, tbl, kvh, positions, i0, nt, group, w
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         pg, off, pf_end = _page(tbl, bs, j0, end)
+        base = j0 - off  # the cache block's first cell
         if not direct:
-            for jj in range(j0, j1):
-                _prefetch_at(k_cache, v_cache, tbl, jj + PREFETCH_KEYS, kvh, end)
+            _prefetch_rows(k_cache, v_cache, tbl, pg, base, j0 + PREFETCH_KEYS,
+                           j1 + PREFETCH_KEYS, kvh, end)
             _convert_rows(k_cache, pg, off, j1 - j0, kvh, kf)
+        elif j1 + PREFETCH_KEYS > base + bs:  # the next block's first rows: the loop below
+            _prefetch_rows(k_cache, v_cache, tbl, pg, base, base + bs,  # stops at this one's
+                           j1 + PREFETCH_KEYS, kvh, end)
         t = np.int64(0)  # not a literal: one compiled _same_keys (run_tasks says why)
         while t < nt:
             a, b, t1 = _same_keys(positions, i0, t, nt, window, j0, j1)

@@ -43,6 +43,7 @@ from edgeinfer.kernels.attention import (
     _page,
     _plan,
     _prefetch_at,
+    _prefetch_rows,
     _same_keys,
     _scaled_max,
     _scores4,
@@ -198,12 +199,16 @@ def _flash_tile(qt, acc, kf, sc, rs, m, s, k_cache, v_cache, tbl, kvh, positions
     for blk in range(blk_lo, blk_hi):
         j0, j1 = max(blk * KEY_BLOCK, ka), min(blk * KEY_BLOCK + KEY_BLOCK, kb)
         sl, off, pf_end = _page(tbl, bs, j0, end)
+        base = j0 - off  # the cache block's first cell
         if direct:
+            if j1 + PREFETCH_KEYS > base + bs:  # the next block's first rows
+                _prefetch_rows(k_cache, v_cache, tbl, sl, base, base + bs, j1 + PREFETCH_KEYS,
+                               kvh, end)
             _flash_block_scores(qt, k_cache, sl, off, kvh, positions, i0, nt, group, window,
                                 j0, j1, sc, v_cache, pf_end)
         else:
-            for jj in range(j0, j1):
-                _prefetch_at(k_cache, v_cache, tbl, jj + PREFETCH_KEYS, kvh, end)
+            _prefetch_rows(k_cache, v_cache, tbl, sl, base, j0 + PREFETCH_KEYS,
+                           j1 + PREFETCH_KEYS, kvh, end)
             _convert_rows(k_cache, sl, off, j1 - j0, kvh, kf)
             _flash_block_scores(qt, kf, 0, 0, 0, positions, i0, nt, group, window, j0, j1, sc,
                                 kf, 0)
