@@ -114,3 +114,24 @@ def test_ctrl_c_stops_an_answer_and_the_next_turn_reuses_the_cache(real_model, t
     assert cached > asked and new < 40  # the stopped answer stays cached; only the new turn
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+def test_answers_to_a_file_prompts_on_the_terminal(tiny, tmp_path):
+    """`edgeinfer chat > answers.txt` on a terminal: the prompt and the editor stay on the
+    terminal (stderr), the file gets only the answers."""
+    out = tmp_path / "answers.txt"
+    env = {**os.environ, "TERM": "xterm", "XDG_STATE_HOME": str(tmp_path),
+           "PROMPT_TOOLKIT_NO_CPR": "1"}
+    cmd = (f"{sys.executable} -m edgeinfer.cli chat {tiny} --local -n 4 --temp 0 -c 512 "
+           f"> {out}")
+    child = pexpect.spawn("/bin/sh", ["-c", cmd], env=env, encoding="utf-8", timeout=90,
+                          dimensions=(40, 100))
+    child.expect_exact(PROMPT)
+    child.sendline("hello")
+    child.expect(STATS)
+    child.expect_exact(PROMPT)
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    text = out.read_text()
+    assert text.strip() and text.endswith("\n\n")  # one plain answer, a blank line after
+    assert ">>>" not in text and "\x1b" not in text and "prompt:" not in text

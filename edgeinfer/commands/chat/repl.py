@@ -51,8 +51,11 @@ class Reader:
         try:
             from prompt_toolkit import PromptSession
             from prompt_toolkit.history import FileHistory
+            from prompt_toolkit.output import create_output
 
-            self.session = PromptSession(history=FileHistory(str(history_path())))
+            # the prompt on the terminal even when stdout goes to a file: stdout is answers
+            out = None if sys.stdout.isatty() else create_output(stdout=sys.stderr)
+            self.session = PromptSession(history=FileHistory(str(history_path())), output=out)
         except (ImportError, OSError):
             try:
                 import readline  # noqa: F401  (history and line editing for input())
@@ -64,7 +67,9 @@ class Reader:
         if self.session is not None:
             return self.session.prompt(prompt)
         if self.interactive:
-            return input(prompt)
+            sys.stderr.write(prompt)  # not input(prompt): that writes it to stdout
+            sys.stderr.flush()
+            return input()
         line = sys.stdin.readline()
         if not line:
             raise EOFError
