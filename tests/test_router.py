@@ -138,3 +138,24 @@ def test_run_through_the_router(router, tmp_path):
     remote, local = run("--host", router.url), run("--local")
     assert remote.returncode == local.returncode == 0, remote.stderr + local.stderr
     assert remote.stdout == local.stdout and remote.stdout
+
+
+def test_host_and_origin_are_checked_at_the_router(router):
+    """The DNS rebinding guard and the Origin rule apply at the router, and a page of the
+    router's own address (here reached at a LAN address) is same-origin, though the worker
+    behind it sees the router's loopback Host."""
+    port = router.url.rsplit(":", 1)[1]
+
+    def props(**headers):
+        return httpx.get(router.url + "/props", params={"model": "alpha"}, headers=headers,
+                         timeout=120)
+
+    refused = props(Host="evil.example")
+    assert refused.status_code == 403 and "DNS rebinding" in refused.json()["error"]["message"]
+    assert props(Origin="http://evil.example").status_code == 403
+    lan = f"192.168.1.5:{port}"
+    same = props(Host=lan, Origin=f"http://{lan}")
+    assert same.status_code == 200, same.text
+    local = props(Origin="http://localhost:3000")  # llama-server's default: local origins
+    assert local.status_code == 200
+    assert local.headers["access-control-allow-origin"] == "http://localhost:3000"

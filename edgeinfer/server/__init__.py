@@ -26,7 +26,6 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
 
     from edgeinfer.server.app import Server, create_app
     from edgeinfer.server.engine import Engine
-    from edgeinfer.server.security import AccessPolicy
     from edgeinfer.server.shutdown import FLUSH_SECONDS, DrainingServer, Gate
 
     settings = settings or ServerSettings()
@@ -51,9 +50,7 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
     engine = Engine(Path(model_path), settings, on_fail)
     gate = Gate()
     server = DrainingServer(config, gate, engine, settings.shutdown_timeout)
-    access = AccessPolicy(settings.cors_origins,
-                          ",".join((settings.allowed_hosts, *settings.hosts[1:])),
-                          settings.hosts[0])
+    access = access_policy(settings)
     config.app = create_app(Server(engine, Path(model_path), settings, access=access,
                                    gate=gate, vertex=vertex))
     log.info("listening on %s (loading %s)", ", ".join(_url(s) for s in socks), model_path)
@@ -69,6 +66,15 @@ def serve(model_path: Path, settings: ServerSettings | None = None) -> None:
         if isinstance(exc, EdgeInferError):
             raise exc
         raise EdgeInferError(f"loading {model_path} failed: {type(exc).__name__}: {exc}")
+
+
+def access_policy(settings: ServerSettings):
+    """The Host and Origin rules of a server (or a router) bound as `settings` say."""
+    from edgeinfer.server.security import AccessPolicy
+
+    return AccessPolicy(settings.cors_origins,
+                        ",".join((settings.allowed_hosts, *settings.hosts[1:])),
+                        settings.hosts[0])
 
 
 def _bind_all(hosts: tuple[str, ...], port: int) -> list[socket.socket]:

@@ -14,7 +14,7 @@ def serve_router(models_dir: Path | None, worker_args: list[str], settings,
 
     from edgeinfer.errors import EdgeInferError
     from edgeinfer.pull import models_dir as pulled_dir
-    from edgeinfer.server import _bind_all, _setup_logging, _url, log
+    from edgeinfer.server import _bind_all, _setup_logging, _url, access_policy, log
     from edgeinfer.server.router.app import create_router_app
     from edgeinfer.server.router.workers import Pool, find_models
 
@@ -28,7 +28,7 @@ def serve_router(models_dir: Path | None, worker_args: list[str], settings,
     _setup_logging(settings.verbose)
     socks = _bind_all(settings.hosts, settings.port)
     pool = Pool(models, worker_args, models_max, keep_alive)
-    app = create_router_app(pool, settings.api_keys, settings.ui)
+    app = create_router_app(pool, settings.api_keys, settings.ui, access_policy(settings))
     log.info("listening on %s (router: %d models, at most %d loaded)",
              ", ".join(_url(s) for s in socks), len(models), models_max)
     config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=30, loop="asyncio",

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.router.workers import Pool, Worker
 from edgeinfer.server.routes.ui import add_ui_routes
-from edgeinfer.server.security import key_matches, request_key
+from edgeinfer.server.security import AccessMiddleware, AccessPolicy, key_matches, request_key
 
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -37,7 +37,12 @@ def parse_keep_alive(value) -> float | None:
     return float(m.group(1)) * UNITS[m.group(2)]
 
 
-def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True) -> FastAPI:
+def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True,
+                      access: AccessPolicy | None = None) -> FastAPI:
+    """The router's app. With `access`, the Host and Origin rules apply here, at the edge,
+    and requests reach the workers without their Origin (the workers see the router's own
+    Host, so a page of the router's address would look cross-origin to them); without it
+    (Ray Serve's engine replicas), the workers check the Origin themselves."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
     keep_alive: dict[str, float | None] = {}  # per-model overrides from requests
 
@@ -62,6 +67,8 @@ def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True) ->
         await pool.close()
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    if access is not None:
+        app.add_middleware(AccessMiddleware, policy=access)  # Host, Origin, CORS preflights
 
     def error(exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -151,7 +158,8 @@ def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True) ->
             return error(exc)
         except RuntimeError as exc:
             return error(ApiError(503, str(exc), "unavailable_error"))
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS]
+        dropped = HOP_HEADERS | ({"origin"} if access is not None else set())
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in dropped]
         url = f"{w.url}/{path}" + (f"?{request.url.query}" if request.url.query else "")
         w.in_flight += 1
         try:
