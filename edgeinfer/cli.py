@@ -69,6 +69,16 @@ def _flash(value: FlashAttn) -> bool:
     return value == FlashAttn.on
 
 
+def _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+              frequency_penalty, seed) -> SamplingParams:
+    """The sampling flags as SamplingParams (which rejects bad values); seed -1: random."""
+    return SamplingParams(
+        temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        seed=None if seed < 0 else seed)
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"edgeinfer {__version__}")
@@ -128,11 +138,8 @@ def run(
         from edgeinfer.commands.run import RunOptions, run_command
         from edgeinfer.cuda.placement import parse_gpu_layers
 
-        sampling = SamplingParams(
-            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-            seed=None if seed < 0 else seed)
+        sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                             presence_penalty, frequency_penalty, seed)
         opts = RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
@@ -178,11 +185,8 @@ def chat(
         from edgeinfer.commands.run import RunOptions
         from edgeinfer.cuda.placement import parse_gpu_layers
 
-        sampling = SamplingParams(
-            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-            seed=None if seed < 0 else seed)
+        sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                             presence_penalty, frequency_penalty, seed)
         chat_command(RunOptions(
             model=model, prompt=None, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, system=system, quiet=quiet, flash_attn=_flash(flash_attn),

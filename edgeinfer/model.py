@@ -90,11 +90,9 @@ class KVCache:
         """A host copy of slot's first n_tokens cells, (n_layer, n_tokens, n_kv, hd) K and
         V (for `write` to put back)."""
         device = self.device.read(slot, n_tokens) if self.device is not None else None
-        runs = list(self._runs(slot, n_tokens))
-        k = np.concatenate([self.k[:, b, :rows] for b, rows in runs], axis=1) if runs else \
-            self.k[:, 0, :0].copy()
-        v = np.concatenate([self.v[:, b, :rows] for b, rows in runs], axis=1) if runs else \
-            self.v[:, 0, :0].copy()
+        runs = list(self._runs(slot, n_tokens)) or [(0, 0)]
+        k = np.concatenate([self.k[:, b, :rows] for b, rows in runs], axis=1)
+        v = np.concatenate([self.v[:, b, :rows] for b, rows in runs], axis=1)
         return k, v, device
 
     def write(self, slot: int, saved: tuple, n_tokens: int) -> None:

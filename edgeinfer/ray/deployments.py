@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from edgeinfer.ray.routing import prefix_chain
+from edgeinfer.server.errors import ApiError
+from edgeinfer.server.router.app import HOP_HEADERS
 
-HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 METHODS = ["GET", "POST", "PUT", "DELETE", "OPTIONS"]
 
 
@@ -91,10 +92,6 @@ class Engine:
             task.cancel()
 
 
-def unavailable(message: str) -> dict:
-    return {"error": {"code": 503, "message": message, "type": "unavailable_error"}}
-
-
 def make_ingress(engine_handle):
     """The ingress app: every route forwarded to the engine deployment, streamed back."""
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -109,8 +106,9 @@ def make_ingress(engine_handle):
         try:
             status, headers = await answer.__anext__()
         except Exception as exc:  # the replica died before answering
-            return JSONResponse(unavailable(f"no replica answered: {type(exc).__name__}"),
-                                status_code=503)
+            error = ApiError(503, f"no replica answered: {type(exc).__name__}",
+                             "unavailable_error")
+            return JSONResponse(error.body(), status_code=error.status)
 
         async def rest():
             try:

@@ -33,12 +33,11 @@ class Conversation:
 
     def context(self) -> list[dict]:
         """What the model sees: the system prompt and the turns still in the window."""
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages[self.first:]
+        return self.all_messages(self.first)
 
-    def all_messages(self) -> list[dict]:
+    def all_messages(self, first: int = 0) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages
+        return head + self.messages[first:]
 
     def drop_oldest(self) -> int:
         """llama.cpp's context shift at turn granularity: keep the system prompt, drop the
