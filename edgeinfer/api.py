@@ -30,7 +30,7 @@ class Model:
              progress: Callable[[str], None] | None = None, flash_attn: bool = False,
              compile_helper: bool = False, gpu_layers: int | str | None = 0,
              notes: Callable[[str], None] | None = None,
-             warm_up: bool | None = True) -> Model:
+             warm_up: bool | None = True, kv_cells: int | None = None) -> Model:
         """Memory-map a GGUF file and get it ready to run. n_ctx 0 means min(4096, the
         model's training context). `progress` receives short status messages; on a first
         run (kernels not yet in Numba's disk cache) one per kernel as it compiles, then a
@@ -41,7 +41,10 @@ class Model:
         `notes` receives the lines worth keeping: where the layers went, or why not.
         warm_up: run a prefill and a decode step before returning, so the first request
         pays no kernel load (a server's choice); None: only when kernels had to be compiled
-        (a cold cache: compiled under the progress messages, not at the first token)."""
+        (a cold cache: compiled under the progress messages, not at the first token).
+        kv_cells: None, each of the n_slots slots has n_ctx cells of its own; else the KV
+        cache is one pool of blocks for the caller to hand out (edgeinfer/kv/), of kv_cells
+        cells (0: n_slots x n_ctx), n_ctx then each sequence's limit (at most kv_cells)."""
         from edgeinfer.kernels import precompile
 
         helper, cold = [], []
@@ -56,16 +59,17 @@ class Model:
             try:
                 return cls._load(path, n_ctx, threads, n_slots, n_batch, progress,
                                  on_compile, flash_attn, gpu_layers, notes,
-                                 lambda: warm_up or (warm_up is None and bool(cold)))
+                                 lambda: warm_up or (warm_up is None and bool(cold)), kv_cells)
             finally:
                 for child in helper:
                     precompile.stop(child)
 
     @classmethod
     def _load(cls, path, n_ctx, threads, n_slots, n_batch, progress, on_compile,
-              flash_attn, gpu_layers=0, notes=None, warm_up=lambda: True) -> Model:
+              flash_attn, gpu_layers=0, notes=None, warm_up=lambda: True,
+              kv_cells=None) -> Model:
         from edgeinfer.cuda.placement import parse_gpu_layers, place
-        from edgeinfer.model import Transformer
+        from edgeinfer.model import Transformer, block_size
         from edgeinfer.tokenizer import Tokenizer
         from edgeinfer.validate import open_model
         from edgeinfer.weights import load_weights
@@ -76,6 +80,11 @@ class Model:
         weights = load_weights(gguf, config, arch)
         tokenizer = Tokenizer.from_metadata(meta)
         n_ctx = n_ctx or min(DEFAULT_CTX, config.n_ctx_train)
+        kv_blocks = 0
+        if kv_cells is not None:
+            kv_cells = kv_cells or n_slots * n_ctx
+            n_ctx = min(n_ctx, kv_cells)
+            kv_blocks = -(-kv_cells // block_size(n_ctx))
         if n_ctx < 8:
             raise EdgeInferError(f"context size {n_ctx} is too small")
         placement = place(parse_gpu_layers(gpu_layers), config, weights, n_ctx, n_slots,
@@ -84,7 +93,7 @@ class Model:
             (notes or (lambda line: None))(line)
         with reporting_compiles(progress or (lambda message: None), on_compile):
             transformer = Transformer(config, weights, n_ctx, n_slots, n_batch, flash_attn,
-                                      placement.n_gpu)
+                                      placement.n_gpu, kv_blocks)
             model = cls(Path(path), config, tokenizer, transformer,
                         meta.get("tokenizer.chat_template"),
                         meta.get("tokenizer.chat_template.tool_use"))
@@ -100,8 +109,13 @@ class Model:
         device = self.transformer.device
         if device is not None and device.simulated:  # the simulator compiles nothing
             return
+        tables = self.transformer.kv_cache.tables
+        row = tables[0].copy()
+        if row[0] < 0:  # a pool whose blocks are not handed out yet: borrow the first ones
+            tables[0] = np.arange(len(row))
         self.logits([0] * min(PARALLEL_ROWS, self.transformer.n_ctx), rows=[0])
         self.logits([0])
+        tables[0] = row
 
     # -- tokens ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,

@@ -30,18 +30,19 @@ from edgeinfer.layers import (
 from edgeinfer.linear import ActScratch, lazy_zeros, project
 from edgeinfer.weights import Weights
 
-KV_BLOCK = 4 * KEY_BLOCK  # cells per KV cache block (a key block never straddles two)
+KV_BLOCK = KEY_BLOCK  # cells per KV cache block (a key block never straddles two)
 
 
 class KVCache:
-    """F16 keys and values (stored as uint16 bits) for every layer and slot: the CPU layers'
-    here, the offloaded layers' on the device (`device`, cuda/offload.py's DeviceCache).
+    """F16 keys and values (stored as uint16 bits) for every layer: the CPU layers' here, the
+    offloaded layers' on the device (`device`, cuda/offload.py's DeviceCache, the same blocks).
 
     A layer's cache is a pool of blocks of B cells, indexed (n_layer, n_blocks, B, n_kv, hd)
-    as the kernels see them, and each slot reaches its cells through its row of `tables`:
-    cell p of slot s is row p % B of block tables[s, p // B]. Each slot holds the blocks of
-    its n_ctx cells, in order, for now; sharing the pool between sequences is issue 38's next
-    step (edgeinfer/kv/). Stored head by head, (n_layer, n_blocks, n_kv, B, hd): attention
+    as the kernels see them, and each sequence slot reaches its cells through its row of
+    `tables`: cell p of slot s is row p % B of block tables[s, p // B]. `allocate` gives each
+    slot its own blocks, in order (run, bench, the API); the server's pool (n_blocks given)
+    starts with empty tables and hands blocks out through edgeinfer/kv/, shared between
+    sequences by reference. Stored head by head, (n_layer, n_blocks, n_kv, B, hd): attention
     reads one KV head's rows of a block, which are then one contiguous run that the hardware
     prefetcher streams, where rows interleaved with the other heads' were a strided walk
     (docs/performance.md, "Head-major KV cache")."""
@@ -52,19 +53,26 @@ class KVCache:
             tables = np.arange(k.shape[1], dtype=np.int32).reshape(-1, 1)
         self.k, self.v, self.tables, self.device = k, v, tables, device
         self.n_slots, self.block = tables.shape[0], k.shape[2]
+        self.n_blocks = k.shape[1]
         self.n_ctx = tables.shape[1] * self.block  # cells a slot can hold
 
     @classmethod
     def allocate(cls, config: ModelConfig, n_ctx: int, n_slots: int, n_layer: int,
-                 device=None) -> KVCache:
+                 device=None, n_blocks: int = 0) -> KVCache:
         """The CPU cache of n_layer layers (the first ones; the rest are `device`'s): blocks
-        of KV_BLOCK cells, or one block of n_ctx cells per slot for a short context."""
-        block = KV_BLOCK if n_ctx > KV_BLOCK else n_ctx
+        of `block_size(n_ctx)` cells. n_blocks 0: each slot holds the blocks of its n_ctx
+        cells in order; else a pool of n_blocks blocks, the tables empty (-1)."""
+        block = block_size(n_ctx)
         per = -(-n_ctx // block)
-        stored = (n_layer, n_slots * per, config.n_head_kv, block, config.head_dim)
+        pooled = n_blocks > 0
+        n_blocks = n_blocks if pooled else n_slots * per
+        stored = (n_layer, n_blocks, config.n_head_kv, block, config.head_dim)
         k = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)  # (L, blocks, B, kv, hd)
         v = lazy_zeros(stored, np.uint16).transpose(0, 1, 3, 2, 4)
-        tables = np.arange(n_slots * per, dtype=np.int32).reshape(n_slots, per)
+        if pooled:
+            tables = np.full((n_slots, per), -1, np.int32)
+        else:
+            tables = np.arange(n_slots * per, dtype=np.int32).reshape(n_slots, per)
         return cls(k, v, tables, device)
 
     def _runs(self, slot: int, n_tokens: int):
@@ -72,25 +80,35 @@ class KVCache:
         for b in range(-(-n_tokens // self.block)):
             yield self.tables[slot, b], min(self.block, n_tokens - b * self.block)
 
+    def copy_rows(self, src: int, dst: int, n_rows: int) -> None:
+        """Rows [0, n_rows) of block src into block dst (copy-on-write of a shared block)."""
+        self.k[:, dst, :n_rows] = self.k[:, src, :n_rows]
+        self.v[:, dst, :n_rows] = self.v[:, src, :n_rows]
+        if self.device is not None:
+            self.device.copy_rows(src, dst, n_rows)
+
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
-        """Reuse the first n_tokens cells of slot src in slot dst (prefix caching)."""
+        """Copy the first n_tokens cells of slot src into slot dst's own blocks."""
         if src != dst:
             for (a, rows), (b, _) in zip(self._runs(src, n_tokens), self._runs(dst, n_tokens)):
-                self.k[:, b, :rows] = self.k[:, a, :rows]
-                self.v[:, b, :rows] = self.v[:, a, :rows]
-            if self.device is not None:
-                self.device.copy_prefix(src, dst, n_tokens)
+                if a != b:
+                    self.copy_rows(a, b, rows)
+
+    def block_bytes(self) -> int:
+        """Bytes of one block, over every layer, K and V, host and device."""
+        host = 2 * self.k[:, 0].nbytes
+        return host + (self.device.block_bytes() if self.device is not None else 0)
 
     def slot_bytes(self, n_tokens: int) -> int:
         """Bytes of n_tokens cells of one slot, over every layer, K and V."""
-        host = 2 * self.k[:, 0, :1].nbytes * n_tokens
-        return host + (self.device.slot_bytes(n_tokens) if self.device is not None else 0)
+        return self.block_bytes() * n_tokens // self.block
 
     def read(self, slot: int, n_tokens: int) -> tuple:
         """A host copy of slot's first n_tokens cells, (n_layer, n_tokens, n_kv, hd) K and
         V (for `write` to put back)."""
-        device = self.device.read(slot, n_tokens) if self.device is not None else None
         runs = list(self._runs(slot, n_tokens)) or [(0, 0)]
+        device = (self.device.read([b for b, _ in runs], n_tokens)
+                  if self.device is not None else None)
         k = np.concatenate([self.k[:, b, :rows] for b, rows in runs], axis=1)
         v = np.concatenate([self.v[:, b, :rows] for b, rows in runs], axis=1)
         return k, v, device
@@ -99,12 +117,18 @@ class KVCache:
         """The first n_tokens cells of a `read` copy (taken from at least as many) into slot."""
         k, v, device = saved
         start = 0
-        for b, rows in self._runs(slot, n_tokens):
+        runs = list(self._runs(slot, n_tokens))
+        for b, rows in runs:
             self.k[:, b, :rows] = k[:, start : start + rows]
             self.v[:, b, :rows] = v[:, start : start + rows]
             start += rows
         if self.device is not None:
-            self.device.write(slot, device, n_tokens)
+            self.device.write([b for b, _ in runs], device, n_tokens)
+
+
+def block_size(n_ctx: int) -> int:
+    """Cells per KV block for a sequence limit of n_ctx: KV_BLOCK, or one block of n_ctx."""
+    return KV_BLOCK if n_ctx > KV_BLOCK else n_ctx
 
 
 def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
@@ -135,9 +159,12 @@ def allocate_buffers(c: ModelConfig, n_batch: int, n_ctx: int, flash_attn: bool,
 
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, n_ctx: int, n_slots: int = 1,
-                 n_batch: int = 512, flash_attn: bool = False, gpu_layers: int = 0):
-        """gpu_layers: how many of the last layers run on the CUDA device (cuda/offload.py),
-        n_layer + 1 with the output head too (llama.cpp's -ngl)."""
+                 n_batch: int = 512, flash_attn: bool = False, gpu_layers: int = 0,
+                 kv_blocks: int = 0):
+        """n_ctx: the cells one sequence may use. gpu_layers: how many of the last layers
+        run on the CUDA device (cuda/offload.py), n_layer + 1 with the output head too
+        (llama.cpp's -ngl). kv_blocks: 0, each slot its own n_ctx cells; else the KV cache is
+        a pool of that many blocks that the caller hands out (KVCache.allocate)."""
         self.config, self.weights = config, weights
         self.n_ctx, self.n_batch = n_ctx, n_batch
         # flash: llama.cpp's -fa on numerics (online softmax); else its non-flash path, which
@@ -152,9 +179,9 @@ class Transformer:
 
             self.device = DeviceLayers(config, weights, self.numerics,
                                        n_cpu, self.gpu_layers > config.n_layer, n_ctx,
-                                       n_slots, n_batch)
+                                       n_slots, n_batch, kv_blocks)
         self.kv_cache = KVCache.allocate(config, n_ctx, n_slots, n_cpu,
-                                         self.device.cache if self.device else None)
+                                         self.device.cache if self.device else None, kv_blocks)
         linears = [weights.output] + [getattr(b, n) for b in weights.blocks for n in LINEARS]
         self.scratch = ActScratch(n_batch, max(lin.n_in for lin in linears))
         self.buffers = allocate_buffers(config, n_batch, self.kv_cache.n_ctx, flash_attn,
@@ -197,7 +224,7 @@ class Transformer:
         run_layers(n, positions, slots, self.layers, self.buffers, self.numerics,
                    self.kernels)  # the CPU's layers, the first ones
         if self.device is not None:  # the rest, and the head when it is offloaded
-            if self.device.forward(x, positions, slots, rows, logits):
+            if self.device.forward(x, positions, slots, self.kv_cache.tables, rows, logits):
                 self._finish_logits(logits)
                 return
         if len(rows) == 0:

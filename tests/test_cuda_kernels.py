@@ -111,6 +111,11 @@ def test_glu_quant(gelu):
     np.testing.assert_array_equal(xq.view(np.int8), q8_1_reference(act)[0])
 
 
+def cells(pool, tables):
+    """A paged cache (n_blocks, n_kv, B, hd) as each slot's cells, (n_slots, n_kv, n_ctx, hd)."""
+    return np.stack([np.concatenate([pool[b] for b in row], axis=1) for row in tables])
+
+
 def rope64(x, cos, sin, neox, n_rot):
     """x (heads, hd) rotated with one position's cos, sin (n_rot/2,), float64."""
     x, half = x.astype(np.float64).copy(), n_rot // 2
@@ -135,11 +140,14 @@ def test_rope_store(neox, norm):
     positions, slots = np.array([5, 1, 7], np.int32), np.array([1, 0, 1], np.int32)
     q_out = np.zeros((n, n_head, hd), np.float32)
     k_tmp = np.zeros((n, n_kv, hd), np.float32)
-    k_cache, v_cache = (np.zeros((2, n_kv, n_ctx, hd), np.float16) for _ in range(2))
+    bs = 4  # cells per block; the slots' blocks out of order
+    tables = np.array([[2, 0], [3, 1]], np.int32)
+    k_cache, v_cache = (np.zeros((4, n_kv, bs, hd), np.float16) for _ in range(2))
     ref = qkv.astype(np.float64).reshape(n, -1, hd)
     rope_store[(n_head + n_kv, n), 32](qkv, q_norm, k_norm, eps, cos, sin, neox, n_rot,
-                                       np.float32(0.5), positions, slots, q_out, k_tmp,
+                                       np.float32(0.5), positions, slots, tables, q_out, k_tmp,
                                        k_cache, v_cache)
+    k_cache, v_cache = (cells(c, tables) for c in (k_cache, v_cache))  # (slots, kv, ctx, hd)
     for t in range(n):
         p, s = positions[t], slots[t]
         q, k, v = ref[t, :n_head], ref[t, n_head : n_head + n_kv], ref[t, n_head + n_kv :]
@@ -158,16 +166,19 @@ def test_attention_online_softmax(window):
 
     rng = np.random.default_rng(4)
     n_head, n_kv, hd, n_ctx = 4, 2, 64, 40  # 40 keys: two chunks of 32
-    k_cache, v_cache = (rng.standard_normal((2, n_kv, n_ctx, hd)).astype(np.float16)
-                        for _ in range(2))
+    bs = 8  # cells per block; the two slots' blocks shuffled through one pool
+    tables = rng.permutation(10).astype(np.int32).reshape(2, n_ctx // bs)
+    pool_k, pool_v = (rng.standard_normal((10, n_kv, bs, hd)).astype(np.float16)
+                      for _ in range(2))
+    k_cache, v_cache = (cells(c, tables) for c in (pool_k, pool_v))  # (slots, kv, ctx, hd)
     positions, slots = np.array([0, 33, 39], np.int32), np.array([0, 1, 0], np.int32)
     q = rng.standard_normal((3, n_head, hd)).astype(np.float32)
     out = np.zeros((3, n_head * hd), np.float32)
     scale = np.float32(1 / np.sqrt(hd))
     xq = np.zeros((3, n_head * hd // 4), np.int32)  # its Q8_1 blocks, fused (hd % 32 == 0)
     xd, xs = (np.zeros((3, n_head * hd // 32), np.float32) for _ in range(2))
-    attention[(n_head, 3), 32](q, k_cache, v_cache, slots, positions, window, scale, out,
-                               xq, xd, xs)
+    attention[(n_head, 3), 32](q, pool_k, pool_v, slots, tables, positions, window, scale,
+                               out, xq, xd, xs)
     q8, d8, s8 = q8_1_reference(out)
     np.testing.assert_array_equal(xq.view(np.int8), q8)
     np.testing.assert_array_equal(xd, d8)

@@ -48,21 +48,26 @@ def test_the_suite_preset_translates():
     out = translate(PRESET)
     assert out.serve_args == ["m.gguf", "--port", "8080", "--temp", "0.8", "--seed", "42",
                               "--host", "127.0.0.1", "--batch-size", "32", "--no-slots",
-                              "--alias", "tinyllama-2", "--ctx-size", "256", "--parallel", "2",
+                              "--alias", "tinyllama-2", "--ctx-size", "512",
+                              "--kv-unified-per-slot", "256", "--parallel", "2",
                               "--n-predict", "64", "--no-jinja"]
     assert out.unsupported == []
 
 
-@pytest.mark.parametrize("args,n_ctx", [
-    ("-c 512 -np 2", "256"),  # split across the slots
-    ("-c 256 -np 2", "256"),  # 128, rounded up to 256 as llama-context.cpp does
-    ("-c 1000", "1024"),  # -np auto: a unified KV cache, every slot sees all of it
-    ("-c 512 -np 4 -kvu", "512"),
-    ("-c 0 -np 2", "0"),  # the model's context
+@pytest.mark.parametrize("args,n_ctx,per_slot", [
+    ("-c 512 -np 2", "512", "256"),  # split across the slots
+    ("-c 256 -np 2", "512", "256"),  # 128 each, rounded up to 256 as llama-context.cpp does
+    ("-c 1000", "1024", None),  # -np auto: a unified KV cache, every slot sees all of it
+    ("-c 512 -np 4 -kvu", "512", None),
+    ("-c 0 -np 2", "0", None),  # the model's context
 ])
-def test_ctx_size_is_llama_servers_slot_context(args, n_ctx):
+def test_ctx_size_is_llama_servers_kv_size(args, n_ctx, per_slot):
     serve_args = translate(["-m", "m.gguf", *args.split()]).serve_args
     assert serve_args[serve_args.index("--ctx-size") + 1] == n_ctx
+    if per_slot is None:
+        assert "--kv-unified-per-slot" not in serve_args
+    else:
+        assert serve_args[serve_args.index("--kv-unified-per-slot") + 1] == per_slot
 
 
 @pytest.mark.parametrize("value,word", [("on", "on"), ("1", "on"), ("enabled", "on"),
@@ -155,7 +160,8 @@ def test_the_suite_preset_parses_as_edgeinfer_serve_flags():
     args = build_parser("edgeinfer serve").parse_args(translate(PRESET).serve_args)
     settings = settings_from_args(args)
     assert (settings.sampling.temperature, settings.sampling.seed) == (0.8, 42)
-    assert (settings.n_batch, settings.n_predict, settings.n_ctx) == (32, 64, 256)
+    assert (settings.n_batch, settings.n_predict, settings.n_ctx) == (32, 64, 512)
+    assert settings.n_ctx_slot == 256
     assert not settings.slots_endpoint and not settings.chat.jinja
     assert settings.aliases == ("tinyllama-2",)
 

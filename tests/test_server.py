@@ -481,15 +481,17 @@ def test_n_predict_zero_only_evaluates_the_prompt(server):
 
 @pytest.mark.parametrize("cache_ram", ["64", "0"])
 def test_prompt_cache_in_ram_outlives_its_slot(tmp_path, cache_ram):
-    """One slot: A, then B (which overwrites the slot), then A again. With --cache-ram, A's
-    KV was kept in RAM and comes back (nearly all of A is cached) with the same tokens as a
-    cold run; with --cache-ram 0 only the prefix A shares with B is reused."""
+    """One slot and a KV pool of 256 cells: A, then B (which needs every block, so A's are
+    evicted), then A again. With --cache-ram, A's KV was kept in RAM and comes back (nearly
+    all of A is cached) with the same tokens as a cold run; with --cache-ram 0 only the
+    prefix A shares with B is reused."""
     model = write_tiny_model(tmp_path / "tiny.gguf")
-    srv = ServerProcess(model, "-np", "1", "-c", "512", "--cache-ram", cache_ram)
+    srv = ServerProcess(model, "-np", "1", "-c", "256", "--cache-ram", cache_ram)
     try:
         a = {"prompt": "Alpha story " * 12, "n_predict": 8, **GREEDY}
         cold = post(srv, "/completion", {**a, "cache_prompt": False}).json()
-        post(srv, "/completion", {"prompt": "Beta tale " * 12, "n_predict": 4, **GREEDY})
+        b = post(srv, "/completion", {"prompt": "Beta tale " * 22, "n_predict": 4, **GREEDY})
+        assert b.json()["tokens_evaluated"] > 192  # four blocks of 64
         again = post(srv, "/completion", a).json()
     finally:
         srv.stop()

@@ -100,7 +100,7 @@ def test_several_addresses_on_one_port(tiny):
 
 
 def test_kv_unified_moves_idle_slots_to_the_ram_cache(tiny):
-    srv = ServerProcess(tiny, "-np", "2", "-c", "256", "--kv-unified", "--verbose")
+    srv = ServerProcess(tiny, "-np", "2", "-c", "512", "--kv-unified", "--verbose")
     try:
         long_prompt = "hello world " * 20
         first = post(srv, "/completion", {"prompt": long_prompt, "n_predict": 2, "id_slot": 0,

@@ -117,30 +117,26 @@ def test_prompt_cache_saves_restores_and_evicts():
     import numpy as np
 
     from edgeinfer.model import KVCache
-    from edgeinfer.server.prefix import PrefixTree
     from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
 
     n = MIN_TOKENS
     k = np.arange(2 * 2 * 64 * 3, dtype=np.uint16).reshape(2, 2, 64, 3)  # (layer, slot, ctx, d)
     v = k + 1
-    tree = PrefixTree()
     entry_bytes = 2 * k[:, 0, :n].nbytes
-    cache = PromptCache(tree, KVCache(k, v), budget_bytes=2 * entry_bytes)
+    cache = PromptCache(KVCache(k, v), budget_bytes=2 * entry_bytes)
     first, second, third = (list(range(start, start + n)) for start in (100, 200, 300))
-    tree.set(0, first)
-    cache.save(0, first)  # slot 0's cells 0..n-1 now also live as entry 2
-    assert tree.match(first)[2] == n and cache.holds(2)
+    assert cache.save(0, first)  # slot 0's cells 0..n-1 now also live as entry 0
+    assert cache.best(first + [7]) == (0, n) and cache.best([5, 6]) == (-1, 0)
     saved_k = k[:, 0, :n].copy()
     k[:, 0] = 0  # slot 0 overwritten by something else
-    cache.restore(2, 1, n)
+    cache.restore(0, 1, n)
     np.testing.assert_array_equal(k[:, 1, :n], saved_k)
-    cache.save(0, first[: n - 1])  # too short to keep
+    assert not cache.save(0, first[: n - 1])  # too short to keep
+    assert not cache.save(0, first)  # held whole already
     cache.save(0, second)
     cache.save(0, third)  # over budget: the least recently used entry (first) goes
-    assert not cache.holds(2) and tree.match(first).get(2) is None
-    assert tree.match(third)[4] == n and cache.n_bytes == 2 * entry_bytes
-    tree.set(1, second)
-    cache.save(0, second)  # slot 1 holds it whole already: nothing new
+    assert not cache.holds(0) and cache.best(first) == (-1, 0)
+    assert cache.best(third) == (2, n) and cache.n_bytes == 2 * entry_bytes
     assert len(cache.entries) == 2
 
 
@@ -148,18 +144,14 @@ def test_prompt_cache_never_evicts_the_entry_about_to_be_restored():
     import numpy as np
 
     from edgeinfer.model import KVCache
-    from edgeinfer.server.prefix import PrefixTree
     from edgeinfer.server.prompt_cache import MIN_TOKENS, PromptCache
 
     n = MIN_TOKENS
     k = np.zeros((1, 2, 64, 2), np.uint16)
-    tree = PrefixTree()
-    cache = PromptCache(tree, KVCache(k, k.copy()),
-                        budget_bytes=2 * k[:, 0, :n].nbytes)  # one entry
+    cache = PromptCache(KVCache(k, k.copy()), budget_bytes=2 * k[:, 0, :n].nbytes)  # one entry
     old, new = list(range(n)), list(range(100, 100 + n))
     cache.save(0, old)
     (entry,) = cache.entries
-    tree.set(0, new)
     cache.save(0, new, keep=entry)  # would only fit by evicting `entry`: not saved
     assert cache.holds(entry) and len(cache.entries) == 1
     cache.restore(entry, 1, n)

@@ -119,32 +119,37 @@ class DeviceLayer:
 
 
 class DeviceCache:
-    """K and V of the offloaded layers, (n_slots, L, n_kv, n_ctx, hd) float16 each: a slot
-    is one contiguous run, for the server's slot copies and its RAM prompt cache."""
+    """K and V of the offloaded layers, (n_blocks, L, n_kv, B, hd) float16 each: the same
+    blocks as the host cache (model.KVCache), reached through the same tables."""
 
-    def __init__(self, n_slots: int, n_layer: int, n_kv: int, n_ctx: int, hd: int):
-        shape = (n_slots, n_layer, n_kv, n_ctx, hd)
+    def __init__(self, n_blocks: int, n_layer: int, n_kv: int, block: int, hd: int):
+        shape = (n_blocks, n_layer, n_kv, block, hd)
         self.k, self.v = cuda.device_array(shape, np.float16), cuda.device_array(shape, np.float16)
 
-    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
-        """Slot src's cells into slot dst (all of them: cells past a sequence are never
-        read before they are written)."""
+    def copy_rows(self, src: int, dst: int, n_rows: int) -> None:
+        """Block src's rows into block dst (all of them: rows past n_rows are never read
+        before they are written)."""
         self.k[dst].copy_to_device(self.k[src])
         self.v[dst].copy_to_device(self.v[src])
 
-    def slot_bytes(self, n_tokens: int) -> int:
-        _, n_layer, n_kv, _, hd = self.k.shape
-        return 2 * n_layer * n_kv * n_tokens * hd * 2
+    def block_bytes(self) -> int:
+        _, n_layer, n_kv, block, hd = self.k.shape
+        return 2 * n_layer * n_kv * block * hd * 2
 
-    def read(self, slot: int, n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        return (self.k[slot].copy_to_host()[:, :, :n_tokens].copy(),
-                self.v[slot].copy_to_host()[:, :, :n_tokens].copy())
+    def read(self, blocks: list[int], n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Cells 0..n_tokens-1 held by blocks, in order, (L, n_kv, n_tokens, hd) K and V."""
+        return tuple(np.concatenate([cache[b].copy_to_host() for b in blocks],
+                                    axis=2)[:, :, :n_tokens].copy()
+                     for cache in (self.k, self.v))
 
-    def write(self, slot: int, saved, n_tokens: int) -> None:
+    def write(self, blocks: list[int], saved, n_tokens: int) -> None:
+        block = self.k.shape[3]
         for cache, part in zip((self.k, self.v), saved):
-            whole = cache[slot].copy_to_host()
-            whole[:, :, :n_tokens] = part[:, :, :n_tokens]
-            cache[slot].copy_to_device(whole)
+            for i, b in enumerate(blocks):
+                whole = cache[b].copy_to_host()
+                rows = min(block, n_tokens - i * block)
+                whole[:, :, :rows] = part[:, :, i * block : i * block + rows]
+                cache[b].copy_to_device(whole)
 
 
 class DeviceLayers:
@@ -152,7 +157,7 @@ class DeviceLayers:
     when `head`."""
 
     def __init__(self, config, weights, numerics, first: int, head: bool, n_ctx: int,
-                 n_slots: int, n_batch: int):
+                 n_slots: int, n_batch: int, kv_blocks: int = 0):
         c = config
         self.config, self.head = c, head
         self.eps = np.float32(c.norm_eps)
@@ -160,7 +165,13 @@ class DeviceLayers:
         self.layers = [DeviceLayer.load(b, bool(c.swa_layers[first + i]))
                        for i, b in enumerate(weights.blocks[first:])]
         n_dev = len(self.layers)
-        self.cache = DeviceCache(n_slots, n_dev, c.n_head_kv, n_ctx, c.head_dim)
+        from edgeinfer.model import block_size
+
+        block = block_size(n_ctx)
+        per = -(-n_ctx // block)
+        self.cache = DeviceCache(kv_blocks or n_slots * per, n_dev, c.n_head_kv, block,
+                                 c.head_dim)
+        self.tables = cuda.device_array((n_slots, per), np.int32)
         self.rope = {False: (cuda.to_device(numerics.cos), cuda.to_device(numerics.sin)),
                      True: (cuda.to_device(numerics.cos_local),
                             cuda.to_device(numerics.sin_local))}
@@ -193,20 +204,22 @@ class DeviceLayers:
                      b.xd[:n, : n_in // 32], b.xs[:n, : n_in // 32], x[:n], p.bias, out[:n],
                      p.col0, n)
 
-    def forward(self, x_host, positions, slots, rows, logits) -> bool:
-        """The device layers on x_host (n, n_embd), in place; with the head, logits of `rows`
-        into logits (m, n_vocab) and True; else the new x_host and False."""
+    def forward(self, x_host, positions, slots, tables, rows, logits) -> bool:
+        """The device layers on x_host (n, n_embd), in place, the cache reached through
+        tables (the host's, copied in); with the head, logits of `rows` into logits
+        (m, n_vocab) and True; else the new x_host and False."""
         n, b, c, const = len(x_host), self.buffers, self.config, self.numerics
         b.x[:n].copy_to_device(x_host)
         b.positions[:n].copy_to_device(positions)
         b.slots[:n].copy_to_device(slots)
+        self.tables.copy_to_device(tables)
         x = b.x[:n]
         nothing = b.no_rows
         # h = rms_norm(x) * attn_norm of the first device layer, and its Q8_1 blocks
         self._go(norms.add_norm_quant, n, self.nt, x, nothing, b.none,
                  self.layers[0].attn_norm, self.eps, b.every_row, b.h, b.xq, b.xd, b.xs)
         for i, layer in enumerate(self.layers):
-            k_cache, v_cache = self.cache.k[:, i], self.cache.v[:, i]  # (S, n_kv, ctx, hd)
+            k_cache, v_cache = self.cache.k[:, i], self.cache.v[:, i]  # (blocks, n_kv, B, hd)
             cos, sin = self.rope[layer.local]
             window = const.window if layer.local else 0
             # attention: x += Wo . attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h)
@@ -214,10 +227,11 @@ class DeviceLayers:
             self._go(attn_k.rope_store, (c.n_head + c.n_head_kv, n), mm.WARP, b.qkv[:n],
                      layer.q_norm, layer.k_norm, self.eps, cos, sin, const.rope_neox,
                      c.n_rot, np.float32(const.q_scale), b.positions[:n], b.slots[:n],
-                     b.q[:n], b.k[:n], k_cache, v_cache)  # q (n, n_head, hd)
+                     self.tables, b.q[:n], b.k[:n], k_cache, v_cache)  # q (n, n_head, hd)
             fused = c.head_dim % mm.QBLOCK == 0  # attention writes the Q8_1 blocks too
             self._go(attn_k.attention, (c.n_head, n), mm.WARP, b.q[:n], k_cache, v_cache,
-                     b.slots[:n], b.positions[:n], window, const.score_scale, b.attn[:n],
+                     b.slots[:n], self.tables, b.positions[:n], window, const.score_scale,
+                     b.attn[:n],
                      *((b.xq, b.xd, b.xs) if fused else b.no_blocks))
             if not fused:
                 grid, block = mm.quantize_grid(n, b.attn.shape[1])

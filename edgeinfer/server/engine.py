@@ -4,11 +4,11 @@ HTTP handlers `submit` a `Job` (prompt ids + validated `GenParams` + a thread-sa
 and read events from the sink; they never touch the model. Each engine step:
 
 1. takes new jobs and cancellations from the inbox;
-2. admits waiting jobs into free slots: the prefix tree says how many leading prompt tokens
-   each slot already holds; the job goes to the free slot sharing the most (or the least
-   recently used one), the longest cached prefix of any slot is copied in if it is longer,
-   and only the rest of the prompt is prefilled (llama-server's cache_prompt, plus
-   cross-slot reuse as in SGLang's radix cache);
+2. admits waiting jobs into free slots while the KV block pool has room (kv_slots.py): the
+   job goes to the free slot whose cells share the most with its prompt (or the least
+   recently used one); if the radix tree of cached blocks or the RAM cache holds more of
+   it, those blocks are referenced (or copied back) instead; only the rest of the prompt is
+   prefilled (llama-server's cache_prompt, SGLang's radix cache);
 3. builds ONE batch: the last sampled token of every decoding slot, then prompt chunks of the
    prefilling slots up to a token budget, so decoders are never starved by a long prompt;
 4. runs one `Transformer.forward` (weights read once for all sequences), samples one token per
@@ -22,7 +22,6 @@ row), so a greedy sequence gives the same tokens alone or batched.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import queue
 import threading
@@ -40,11 +39,18 @@ from edgeinfer.generate import StopMatcher
 from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs, top_probs
 from edgeinfer.server.chat_setup import ServerChat, load_chat
 from edgeinfer.server.errors import ApiError
+from edgeinfer.server.events import (
+    ErrorEvent,
+    FinalEvent,
+    Job,
+    ProgressEvent,
+    TokenEvent,
+    TokenProbs,
+)
+from edgeinfer.server.kv_slots import ServerKV, _common
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
 from edgeinfer.server.params import GenParams
-from edgeinfer.server.prefix import PrefixTree
-from edgeinfer.server.prompt_cache import PromptCache
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
@@ -53,77 +59,12 @@ CANCELLED = ApiError(499, "request cancelled by the client")
 SHUTTING_DOWN = ApiError(503, "The server is shutting down")
 
 
-# -- events sent to the HTTP side ------------------------------------------------------------
-@dataclass
-class TokenProbs:
-    token: int
-    logprob: float  # with post_sampling: the probability after the sampling chain
-    top: list[tuple[int, float]]  # (id, logprob or probability), best first
-    post_sampling: bool = False
-
-
-@dataclass
-class ProgressEvent:
-    """Prompt processing so far (llama-server's prompt_progress, with return_progress)."""
-
-    total: int  # prompt tokens
-    cache: int  # of them reused from the KV cache
-    processed: int  # of them in the KV cache now, cached ones included
-    time_ms: float
-    slot: int
-    timings: dict | None = None  # only with timings_per_token
-
-
-@dataclass
-class TokenEvent:
-    text: str  # new text (may be "" while a character or stop string is held back)
-    token: int
-    n_decoded: int
-    slot: int
-    probs: TokenProbs | None = None
-    timings: dict | None = None  # only with timings_per_token
-    n_cached: int = 0  # prompt tokens reused from the KV cache
-
-
-@dataclass
-class FinalEvent:
-    text: str  # the held-back tail
-    stop_type: str  # "eos" | "word" | "limit"
-    stopping_word: str
-    truncated: bool
-    slot: int
-    n_prompt: int  # prompt tokens, cached + evaluated
-    n_cached: int  # prompt tokens reused from the KV cache
-    n_decoded: int
-    tokens_cached: int  # tokens now held by the slot
-    timings: dict
-
-
-@dataclass
-class ErrorEvent:
-    error: ApiError
-
-
-Sink = Callable[[Any], None]
-
-
-class Job:
-    """One generation request as the engine sees it."""
-
-    _ids = itertools.count()
-
-    def __init__(self, prompt: list[int], params: GenParams, sink: Sink,
-                 constraint: Any = None):
-        self.id = next(Job._ids)
-        self.prompt, self.params, self.sink = prompt, params, sink
-        self.constraint = constraint  # a CompiledConstraint (edgeinfer.structured), or None
-        self.cancelled = False  # set by the HTTP side; honoured at the next step
-
-
 @dataclass
 class Slot:
     id: int
     cache: list[int] = field(default_factory=list)  # tokens whose K/V are in the slot
+    target: list[int] = field(default_factory=list)  # the tokens to prefill: the prompt
+    stalled: bool = False  # preempted for KV room: resumes by prefilling `target` again
     job: Job | None = None
     last_used: float = 0.0
     task_id: int = -1
@@ -146,7 +87,12 @@ class Slot:
 
     @property
     def prefilling(self) -> bool:
-        return self.job is not None and self.next_token < 0
+        return self.job is not None and not self.stalled and len(self.cache) < len(self.target)
+
+    @property
+    def decoding(self) -> bool:
+        return (self.job is not None and not self.stalled and self.next_token >= 0
+                and len(self.cache) >= len(self.target))
 
 
 @dataclass
@@ -165,6 +111,7 @@ class Stats:
     busy_slots_sum: int = 0
     n_tokens_max: int = 0
     requests_done: int = 0
+    n_preempted: int = 0  # sequences that gave their KV blocks back to let others go on
 
 
 WAKE = "wake"  # inbox item: load the model again after sleeping
@@ -184,7 +131,7 @@ class Engine(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.waiting: deque[Job] = deque()
         self.slots = [Slot(i) for i in range(self.n_slots)]
-        self.tree = PrefixTree()
+        self.kv: ServerKV | None = None  # the KV block pool, made at load
         self.stats = Stats()
         self._running = True
         self.draining = False  # shutting down: waiting and new jobs are refused
@@ -294,8 +241,7 @@ class Engine(threading.Thread):
                 return
             self.sleeping = True
             self.awake.clear()
-        self.model = self.saved = None
-        self.tree = PrefixTree()
+        self.model = self.kv = None
         for slot in self.slots:
             slot.cache, slot.params = [], None
         gc.collect()
@@ -324,26 +270,27 @@ class Engine(threading.Thread):
 
         t0 = time.perf_counter()
         opts = self.settings
-        self.model = Model.load(self.model_path, n_ctx=opts.n_ctx, threads=opts.threads,
-                                n_slots=self.n_slots, n_batch=opts.n_batch,
-                                progress=distinct_stages(log.info),
+        self.model = Model.load(self.model_path, n_ctx=opts.n_ctx_slot or opts.n_ctx,
+                                threads=opts.threads, n_slots=self.n_slots,
+                                n_batch=opts.n_batch, progress=distinct_stages(log.info),
                                 flash_attn=opts.flash_attn, compile_helper=True,
-                                gpu_layers=opts.gpu_layers, notes=_log_note)
+                                gpu_layers=opts.gpu_layers, notes=_log_note,
+                                kv_cells=max(0, opts.n_ctx))
         if self.chat is None:  # the templates outlive a sleeping model
             self.chat = load_chat(self.model, self.settings.chat)
         settle_heap()
         self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer
-        self.saved = PromptCache(self.tree, tf.kv_cache,
-                                 max(0, opts.cache_ram_mib) << 20)
+        self.kv = ServerKV(tf.kv_cache, self.n_slots, max(0, opts.cache_ram_mib) << 20)
         self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
         size = tf.n_batch + self.n_slots
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(self.n_slots, np.int32)
         self.masks = None  # (n_slots, n_words) int32: the constraints' masks, on first use
-        log.info("model loaded in %.2f s: %d slots x %d tokens of context, flash attention %s",
-                 time.perf_counter() - t0, self.n_slots, tf.n_ctx,
+        log.info("model loaded in %.2f s: %d slots sharing a KV pool of %d cells (%d blocks "
+                 "of %d), up to %d a request, flash attention %s", time.perf_counter() - t0,
+                 self.n_slots, self.kv.n_cells, self.kv.pool.n_blocks, self.kv.block, tf.n_ctx,
                  "on" if tf.flash_attn else "off")
 
     def _busy(self) -> bool:
@@ -375,7 +322,9 @@ class Engine(threading.Thread):
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
                    self.batch_rows[:m], self.logits[:m])
         for slot in prefilled:
-            self._progress(slot)
+            self.kv.commit(slot.id, slot.cache)  # its full blocks can be shared from now
+            if slot.next_token < 0:  # not a preempted sequence catching up
+                self._progress(slot)
         self.stats.n_decode += 1
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
@@ -413,22 +362,48 @@ class Engine(threading.Thread):
                     self._fail(slot, SHUTTING_DOWN)
 
     def _admit(self) -> None:
+        for slot in sorted((s for s in self.slots if s.stalled), key=lambda s: s.t_start):
+            if not self._resume(slot):
+                return  # the oldest preempted sequences first; new jobs wait behind them
         kept: deque[Job] = deque()
         while self.waiting:
             job = self.waiting.popleft()
-            slot = self._choose_slot(job)
+            slot = None if self._shares_a_prefill(job) else self._choose_slot(job)
             if slot is None:
                 kept.append(job)
                 continue
             try:
-                self._start(slot, job)
-                self._cache_idle_slots()
+                started = self._start(slot, job)
+            except ApiError as exc:  # can never fit
+                job.sink(ErrorEvent(exc))
+                continue
             except Exception as exc:  # a bug: answer this job, keep serving the others
                 log.exception("starting task %d failed", job.id)
                 slot.job, slot.cache = None, []
-                self.tree.remove(slot.id)
+                self.kv.release(slot.id)
                 job.sink(ErrorEvent(ApiError(500, f"internal error: {exc}")))
+                continue
+            if not started:  # no KV room now: it and the jobs behind it wait (FIFO)
+                kept.append(job)
+                kept.extend(self.waiting)
+                self.waiting.clear()
+                break
+            self._cache_idle_slots()
         self.waiting = kept
+
+    def _shares_a_prefill(self, job: Job) -> bool:
+        """Whether a sequence being prefilled will soon hold a block or more of job's
+        prompt: the job then waits to reference those blocks instead of computing them
+        again (eight clients with one system prompt compute it once)."""
+        if not job.params.cache_prompt:
+            return False
+        for slot in self.slots:
+            if slot.prefilling and slot.n_decoded == 0:
+                shared = _common(slot.target, job.prompt)
+                ready = min(len(slot.target), self.kv.blocks(shared) * self.kv.block)
+                if shared >= self.kv.block and len(slot.cache) < ready:
+                    return True
+        return False
 
     def _cache_idle_slots(self) -> None:
         """With a unified KV budget (--kv-unified), idle slots' KV moves to the RAM cache
@@ -438,11 +413,11 @@ class Engine(threading.Thread):
             return
         for slot in self.slots:
             if slot.job is None and slot.cache:
-                if self.saved.save(slot.id, slot.cache):
+                if self.kv.saved.save(slot.id, slot.cache):
                     log.debug("slot %d: idle slot saved to the RAM cache "
                               "(__TEST_TAG_CACHE_IDLE_SLOT__)", slot.id)
+                self.kv.release(slot.id, slot.cache)
                 slot.cache = []
-                self.tree.remove(slot.id)
 
     def _choose_slot(self, job: Job) -> Slot | None:
         free = [s for s in self.slots if s.job is None]
@@ -451,27 +426,20 @@ class Engine(threading.Thread):
             return pinned if pinned.job is None else None
         if not free:
             return None
-        shared = self.tree.match(job.prompt)
-        best = max(free, key=lambda s: (shared.get(s.id, 0), -s.last_used))
-        if shared.get(best.id, 0) < SIMILARITY * len(job.prompt):
+        shared = {s.id: _common(s.cache, job.prompt) for s in free}
+        best = max(free, key=lambda s: (shared[s.id], -s.last_used))
+        if shared[best.id] < SIMILARITY * len(job.prompt):
             best = min(free, key=lambda s: s.last_used)
         return best
 
-    def _start(self, slot: Slot, job: Job) -> None:
+    def _start(self, slot: Slot, job: Job) -> bool:
+        """Start job in slot if the KV pool has room for its prompt; False: not now."""
         prompt, params = job.prompt, job.params
-        shared = self.tree.match(prompt)
-        n_past = shared.get(slot.id, 0) if params.cache_prompt else 0
-        src = max(shared, key=shared.get, default=slot.id)
-        if len(slot.cache) > n_past:  # the rest of the slot's sequence is about to go
-            if self.saved.save(slot.id, slot.cache, keep=src):
-                log.debug("slot %d: updating prompt cache: %d tokens saved", slot.id,
-                          len(slot.cache))
-        if params.cache_prompt and shared.get(src, 0) > n_past:  # a slot or saved sequence
-            n_past = shared[src]  # holds more of this prompt than this slot does
-            self._copy_prefix(src, slot.id, n_past)
-        n_past = min(n_past, len(prompt) - 1)  # re-evaluate one token to get logits
-        slot.cache = list(prompt[:n_past])
-        self.tree.set(slot.id, slot.cache)
+        # re-evaluate one token to get logits
+        if not self._place(slot, prompt, len(prompt) - 1, params.cache_prompt):
+            return False
+        n_past = len(slot.cache)
+        slot.target, slot.stalled = prompt, False
         slot.job, slot.task_id, slot.n_cached, slot.params = job, job.id, n_past, params
         slot.n_prompt = len(prompt)
         slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
@@ -485,6 +453,7 @@ class Engine(threading.Thread):
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
         self._progress(slot)  # 0 %: what the cache holds
+        return True
 
     def _start_constraint(self, job: Job, text: str | None = None) -> Any:
         """The job's constraint at the start of the output, fed its prefill (or, for a lazy
@@ -512,20 +481,78 @@ class Engine(threading.Thread):
             slot.job.sink(ProgressEvent(len(slot.job.prompt), slot.n_cached, len(slot.cache),
                                         ms, slot.id, timings))
 
-    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
-        if self.saved.holds(src):
-            log.debug("slot %d: updating prompt cache: %d tokens restored", dst, n_tokens)
-            self.saved.restore(src, dst, n_tokens)
-        else:
-            self.model.transformer.kv_cache.copy_prefix(src, dst, n_tokens)
+    # -- KV blocks -----------------------------------------------------------------------------
+    def _place(self, slot: Slot, tokens: list[int], n_keep: int, reuse: bool) -> bool:
+        """Give slot the KV cells of tokens' longest cached prefix (at most n_keep of them)
+        and blocks for the rest and one more token; slot.cache then lists the cells it holds.
+        False if the pool has no room now; an ApiError if it never will."""
+        kv, n_tokens = self.kv, len(tokens) + 1
+        if kv.blocks(n_tokens) > kv.pool.n_blocks:
+            raise ApiError(400, f"the request needs {n_tokens} KV cells "
+                           f"({kv.blocks(n_tokens)} blocks of {kv.block}) and the server's "
+                           f"KV pool holds {kv.n_cells} cells (-c)")
+        others = [(s.id, s.cache) for s in self.slots if s is not slot and s.cache]
+        start, match, entry = kv.plan(slot.id, slot.cache, tokens, n_keep, reuse, others)
+        slot.cache = slot.cache[: kv.prepare(slot.id, slot.cache, start, entry)]
+        if not self._room(kv.blocks_needed(slot.id, start, match, n_tokens), slot):
+            if match is not None:
+                match.release(kv.pool)
+            return False
+        kv.begin(slot.id, start, match, entry, n_tokens)
+        slot.cache = list(tokens[: start.n_past])
+        return True
+
+    def _room(self, need: int, keep: Slot) -> bool:
+        """Make need blocks available, taking idle slots' blocks (least recently used
+        first; their sequences go to the RAM cache) but not keep's."""
+        while self.kv.pool.n_available < need:
+            if not self._reclaim_idle(keep):
+                return False
+        return True
+
+    def _reclaim_idle(self, keep: Slot) -> bool:
+        idle = [s for s in self.slots if s.job is None and s is not keep
+                and self.kv.tables[s.id].blocks]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.last_used)
+        self.kv.release(slot.id, slot.cache, save=True)
+        slot.cache = []
+        return True
+
+    def _grow_decoders(self) -> None:
+        """Each decoding sequence gets a block for its next token when it needs one; with
+        none left the most recently started sequence is preempted (its blocks go back)."""
+        for slot in sorted((s for s in self.slots if s.decoding), key=lambda s: s.t_start):
+            while slot.decoding and not self.kv.grow(slot.id, len(slot.cache) + 1):
+                if not self._reclaim_idle(slot):
+                    running = [s for s in self.slots if s.job is not None and not s.stalled]
+                    self._preempt(max(running, key=lambda s: s.t_start))
+
+    def _preempt(self, slot: Slot) -> None:
+        log.info("slot %d: task %d preempted after %d tokens: the KV pool is full; it resumes "
+                 "when blocks free up", slot.id, slot.job.id, slot.n_decoded)
+        self.kv.release(slot.id, slot.cache)  # its full blocks stay cached
+        slot.target, slot.cache, slot.stalled = list(slot.cache), [], True
+        self.stats.n_preempted += 1
+
+    def _resume(self, slot: Slot) -> bool:
+        """Prefill a preempted sequence's cells again (from cached blocks where it can)."""
+        if not self._place(slot, slot.target, len(slot.target), True):
+            return False
+        slot.stalled = False
+        log.info("slot %d: task %d resumes, %d of %d cells cached", slot.id, slot.job.id,
+                 len(slot.cache), len(slot.target))
+        return True
 
     # -- batching ------------------------------------------------------------------------------
     def _build_batch(self) -> tuple[int, list[Slot], list[Slot]] | None:
         """Fill the batch arrays; return (n_tokens, slots owning each logits row, slots
         with prompt tokens in the batch)."""
+        self._grow_decoders()
         n, owners, prefilled = 0, [], []
         for slot in self.slots:  # decoders first: one token each
-            if slot.job is not None and slot.next_token >= 0:
+            if slot.decoding:
                 n = self._put(n, slot.next_token, len(slot.cache), slot.id)
                 slot.cache.append(slot.next_token)
                 self.batch_rows[len(owners)] = n - 1
@@ -534,7 +561,7 @@ class Engine(threading.Thread):
         for slot in self.slots:
             if not slot.prefilling or budget <= 0:
                 continue
-            prompt = slot.job.prompt
+            prompt = slot.target
             start = len(slot.cache)
             chunk = prompt[start:start + budget]
             for i, token in enumerate(chunk):
@@ -542,7 +569,7 @@ class Engine(threading.Thread):
             slot.cache.extend(chunk)
             budget -= len(chunk)
             prefilled.append(slot)
-            if len(slot.cache) == len(prompt):
+            if len(slot.cache) == len(prompt) and slot.next_token < 0:  # not a resumed one
                 self.batch_rows[len(owners)] = n - 1
                 owners.append(slot)
         return (n, owners, prefilled) if n else None
@@ -588,7 +615,6 @@ class Engine(threading.Thread):
         job = slot.job
         if slot.next_token < 0:  # the prompt has just been processed
             slot.t_prompt = now
-            self.tree.set(slot.id, slot.cache)
             self.stats.prompt_tokens += len(job.prompt) - slot.n_cached
             self.stats.prompt_cached += slot.n_cached
             self.stats.prompt_seconds += now - slot.t_start
@@ -680,13 +706,16 @@ class Engine(threading.Thread):
             self.stats.predicted_tokens += slot.n_decoded
             self.stats.predicted_steps += slot.n_decoded - 1
             self.stats.predicted_seconds += max(1e-6, slot.t_last - slot.t_prompt)
+        if slot.stalled:  # its cells were given back
+            slot.cache, slot.stalled = [], False
         slot.job, slot.next_token, slot.constraint = None, -1, None
         slot.last_used = time.perf_counter()
-        self.tree.set(slot.id, slot.cache)
+        self.kv.commit(slot.id, slot.cache)  # it keeps its blocks until they are needed
 
     def _fail(self, slot: Slot, error: ApiError) -> None:
         """End the slot's job with an error; its KV cells are not trusted again."""
         slot.job.sink(ErrorEvent(error))
+        self.kv.release(slot.id)
         slot.cache = []
         self._release(slot)
 

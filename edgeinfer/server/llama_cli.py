@@ -61,6 +61,7 @@ def _flags() -> tuple[Flag, ...]:
         f(("--tags",), "STRING", "--tags"),
         f(("-cram", "--cache-ram"), "N", "--cache-ram", help="MiB (-1: no limit, 0: off)"),
         f(("-kvu", "--kv-unified"), None, "--kv-unified"),
+        f(("--kv-unified-per-slot",), "N", "--kv-unified-per-slot"),
         f(("--no-cache-idle-slots",), None, "--no-cache-idle-slots"),
         f(("--cors-origins",), "ORIGINS", "--cors-origins"),
         f(("--sleep-idle-seconds",), "SECONDS", "--sleep-idle-seconds"),
@@ -189,7 +190,11 @@ def _forward(out: Translation, flag: Flag, name: str, value: str | None, given: 
         out.serve_args.append(option)
         return
     if option == "--ctx-size":
-        value = str(_slot_ctx(_int(name, value), given))
+        total, per_slot = _kv_cells(_int(name, value), given)
+        out.serve_args += [option, str(total)]
+        if per_slot:
+            out.serve_args += ["--kv-unified-per-slot", str(per_slot)]
+        return
     elif option == "--flash-attn":
         value = _on_off_auto(name, value)
     elif option == "--threads" and _int(name, value) <= 0:
@@ -202,17 +207,19 @@ def _forward(out: Translation, flag: Flag, name: str, value: str | None, given: 
     out.serve_args += [option, value]
 
 
-def _slot_ctx(n_ctx: int, given: dict) -> int:
-    """The context of one slot, as llama-server sizes it: n_ctx rounded up to 256, split
-    across the -np slots unless the KV cache is unified (also when -np is auto), rounded up
-    to 256 again (src/llama-context.cpp). 0 stays 0: the model's context."""
+def _kv_cells(n_ctx: int, given: dict) -> tuple[int, int]:
+    """(KV cells in all, a slot's limit or 0 for all of them), as llama-server sizes them:
+    n_ctx rounded up to 256, split across the -np slots unless the KV cache is unified (also
+    when -np is auto), each slot's share rounded up to 256 again (src/llama-context.cpp). 0
+    stays 0: the model's context."""
     if n_ctx <= 0:
-        return 0
+        return 0, 0
     n_ctx = _pad256(n_ctx)
     n_parallel = _int("--parallel", given.get("--parallel", "-1"))
     if n_parallel <= 0 or "--kv-unified" in given:
-        return n_ctx
-    return _pad256(n_ctx // n_parallel)
+        return n_ctx, 0
+    per_slot = _pad256(n_ctx // n_parallel)
+    return per_slot * n_parallel, per_slot
 
 
 def _pad256(n: int) -> int:

@@ -37,7 +37,8 @@ class ServerSettings:
 
     hosts: tuple[str, ...] = ("127.0.0.1",)  # each is listened on, on the same port
     port: int = 8080
-    n_ctx: int = 0  # per slot; 0: min(4096, the model's)
+    n_ctx: int = 0  # KV cells shared by all slots; 0: n_slots x the per-request limit
+    n_ctx_slot: int = 0  # a request's limit (--kv-unified-per-slot); 0: n_ctx, or 4096
     n_slots: int = 4
     n_batch: int = 512  # prompt tokens per forward pass
     threads: int | None = None
@@ -95,7 +96,11 @@ def _add_network(p: argparse.ArgumentParser) -> None:
 def _add_engine(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("-c", "--ctx-size", type=int, default=0, dest="n_ctx",
-                   help="context of each slot (0: min(4096, the model's))")
+                   help="KV cells shared by all slots, one pool (0: -np x the per-request "
+                        "limit)")
+    g.add_argument("--kv-unified-per-slot", type=int, default=0, dest="n_ctx_slot",
+                   metavar="N", help="the most context one request may use (0: -c, or "
+                   "min(4096, the model's) without -c)")
     g.add_argument("-np", "--parallel", type=int, default=-1, help="slots; -1: auto (4)")
     g.add_argument("-b", "--batch-size", type=int, default=512, dest="n_batch",
                    help="prompt tokens per forward pass (default 512)")
@@ -108,8 +113,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument("-cram", "--cache-ram", type=int, default=1024, dest="cache_ram",
                    help="MiB of RAM for prompts no slot holds any more (0: off)")
     g.add_argument("-kvu", "--kv-unified", action="store_true",
-                   help="slots share one KV budget: idle slots are moved to the RAM cache "
-                        "when another slot starts (see --no-cache-idle-slots)")
+                   help="the KV pool is always shared; with this flag idle slots are also "
+                        "moved to the RAM cache when another slot starts "
+                        "(see --no-cache-idle-slots)")
     g.add_argument("--no-cache-idle-slots", action="store_true",
                    help="with --kv-unified, keep idle slots' KV where it is")
     g.add_argument("--sleep-idle-seconds", type=float, default=-1,
@@ -235,7 +241,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.n_batch < 1:
         raise EdgeInferError(f"--batch-size must be >= 1, got {args.n_batch}")
     return ServerSettings(
-        hosts=_split(args.host), port=args.port, n_ctx=args.n_ctx,
+        hosts=_split(args.host), port=args.port, n_ctx=args.n_ctx, n_ctx_slot=args.n_ctx_slot,
         n_slots=args.parallel if args.parallel > 0 else 4, n_batch=args.n_batch,
         threads=args.threads, flash_attn=args.flash_attn == "on",
         gpu_layers=parse_gpu_layers(args.gpu_layers), api_keys=_split(args.api_key),

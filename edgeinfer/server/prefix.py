@@ -1,13 +1,10 @@
-"""A radix tree over the token ids held in each KV-cache slot (prefix reuse).
+"""A radix tree over token sequences, each under an id: the RAM prompt cache's entries
+(prompt_cache.py). A lookup walks a new prompt down the tree once and returns, for every id,
+how many leading tokens its sequence shares with the prompt.
 
-Every slot's KV cache holds the keys/values of one token sequence (the cells written so
-far). The tree indexes those sequences, as SGLang's RadixCache does for its pages: a lookup
-walks the new prompt down the tree once and returns, for every slot, how many leading tokens
-it shares with the prompt. The engine then continues the best slot in place, or copies the
-best slot's prefix into a free slot (`KVCache.copy_prefix`), and prefills only the rest.
-
-Edges are labelled with token runs; each node records the set of slots whose sequence passes
-through it, so the sets shrink going down and a node with an empty set is pruned.
+Edges are labelled with token runs; each node records the set of ids whose sequence passes
+through it, so the sets shrink going down and a node with an empty set is pruned. (The KV
+blocks themselves are shared through edgeinfer/kv/radix.py, a tree of whole blocks.)
 """
 
 from __future__ import annotations

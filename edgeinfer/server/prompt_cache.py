@@ -1,11 +1,10 @@
 """KV of sequences no slot holds any more, kept in RAM (llama-server's `--cache-ram`).
 
-With N slots the radix tree can only reuse what N sequences left behind. When a slot is
-about to be overwritten, its K/V rows are copied here first; a later prompt that shares
-their prefix gets them copied back instead of prefilled, as llama-server restores saved
-slot states. Entries live in the engine's PrefixTree under ids >= n_slots, so one lookup
-ranks slots and saved sequences together. Least recently used entries are dropped beyond the
-byte budget.
+The block pool keeps the full blocks of finished sequences for as long as it has room; a
+sequence whose slot is reclaimed (another request needs the blocks or the slot) also has its
+K/V rows copied here first, partial last block included, and a later prompt that shares
+their prefix gets them copied back into fresh blocks instead of prefilled, as llama-server
+restores saved slot states. Least recently used entries are dropped beyond the byte budget.
 """
 
 from __future__ import annotations
@@ -24,31 +23,38 @@ MIN_TOKENS = 16  # shorter sequences cost less to prefill than to keep
 
 
 class PromptCache:
-    def __init__(self, tree: PrefixTree, kv_cache: KVCache, budget_bytes: int):
-        """kv_cache: the model's (host and device parts); entry ids start after the last
-        slot."""
-        self.tree, self.kv_cache = tree, kv_cache
+    def __init__(self, kv_cache: KVCache, budget_bytes: int):
+        """kv_cache: the model's (host and device parts), read and written through a slot's
+        block table."""
+        self.tree, self.kv_cache = PrefixTree(), kv_cache
         self.budget = budget_bytes
         self.entries: OrderedDict[int, tuple[int, tuple]] = OrderedDict()  # (bytes, cells)
         self.n_bytes = 0
-        self._ids = itertools.count(kv_cache.n_slots)
+        self._ids = itertools.count()
 
     def holds(self, entry: int) -> bool:
         return entry in self.entries
 
+    def best(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(entry, n): the entry sharing the longest prefix with tokens, n tokens of it;
+        (-1, 0) if none shares any."""
+        shared = self.tree.match(tokens)
+        entry = max(shared, key=shared.get, default=-1)
+        return (entry, shared[entry]) if entry >= 0 and shared[entry] > 0 else (-1, 0)
+
     def save(self, slot: int, tokens: Sequence[int], keep: int = -1) -> bool:
         """Keep slot `slot`'s K/V for `tokens` (the slot's cells 0..n-1) unless they are too
-        short, already held whole by another slot or entry, or would need entry `keep` (about
-        to be restored) evicted to fit. True if a copy was made."""
+        short, already held whole by an entry, or would need entry `keep` (about to be
+        restored) evicted to fit. True if a copy was made."""
         n = len(tokens)
         size = self.kv_cache.slot_bytes(n)
-        if n < MIN_TOKENS or size > self.budget - (self._size(keep) if keep in self.entries else 0):
+        kept = self.entries[keep][0] if keep in self.entries else 0
+        if n < MIN_TOKENS or size > self.budget - kept:
             return False
-        if any(shared == n for other, shared in self.tree.match(tokens).items() if other != slot):
+        if any(shared == n for shared in self.tree.match(tokens).values()):
             return False
         while self.n_bytes + size > self.budget:
-            oldest = next(entry for entry in self.entries if entry != keep)
-            self._drop(oldest)
+            self._drop(next(entry for entry in self.entries if entry != keep))
         entry = next(self._ids)
         self.entries[entry] = (size, self.kv_cache.read(slot, n))
         self.n_bytes += size
@@ -56,12 +62,9 @@ class PromptCache:
         return True
 
     def restore(self, entry: int, slot: int, n_tokens: int) -> None:
-        """Copy the first n_tokens cells of `entry` into slot `slot`."""
+        """Copy the first n_tokens cells of `entry` into slot `slot`'s own blocks."""
         self.kv_cache.write(slot, self.entries[entry][1], n_tokens)
         self.entries.move_to_end(entry)
-
-    def _size(self, entry: int) -> int:
-        return self.entries[entry][0]
 
     def _drop(self, entry: int) -> None:
         size, _ = self.entries.pop(entry)

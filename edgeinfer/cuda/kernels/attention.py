@@ -2,12 +2,14 @@
 
 `rope_store` takes each token's fresh q, k, v (one fused projection output) through the
 per-head RMSNorm (qwen3, gemma3), rope (adjacent pairs or neox halves) and q's prescale, and
-writes k, v into the cache at the token's slot and position. `attention` runs online softmax
+writes k, v into the cache at the token's position, through its slot's block table.
+`attention` runs online softmax
 (one pass over the keys, 32 at a time: a running max and sum) for one (head, token) per warp;
 decode and prefill are the same kernel, each token seeing cells [lo, pos] of its slot, where
 lo = pos - window + 1 on sliding-window layers.
 
-Cache layout (n_slots, n_kv, n_ctx, hd) float16 per layer: a head's keys are one run.
+Cache layout (n_blocks, n_kv, B, hd) float16 per layer, the host cache's blocks (model.KVCache):
+cell p of slot s is row p % B of block tables[s, p // B]; a head's keys in a block are one run.
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ def _rope_row(row, t, src0, dst, dst_t, dst_h, pos, cos, sin, neox, n_rot, scale
 
 @cuda.jit
 def rope_store(qkv, q_norm, k_norm, eps, cos, sin, neox, n_rot, q_scale, positions, slots,
-               q_out, k_scratch, k_cache, v_cache):
+               tables, q_out, k_scratch, k_cache, v_cache):
     """Head h = blockIdx.x of token t = blockIdx.y, 32 threads: q heads first, then kv heads.
     qkv (n, (n_head + 2 n_kv) hd); q_out (n, n_head, hd); k_scratch (n, n_kv, hd) f32;
-    k_cache, v_cache (n_slots, n_kv, n_ctx, hd) f16."""
+    tables (n_slots, n_ctx / B) int32; k_cache, v_cache (n_blocks, n_kv, B, hd) f16."""
     h, t, lane = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     red = cuda.shared.array(WARP, np.float32)
     n_head, hd = q_out.shape[1], q_out.shape[2]
@@ -73,10 +75,11 @@ def rope_store(qkv, q_norm, k_norm, eps, cos, sin, neox, n_rot, q_scale, positio
     _rope_row(qkv, t, src0, k_scratch, t, kvh, pos, cos, sin, neox, n_rot, np.float32(1),
               hd, lane)
     cuda.syncthreads()
-    slot, v0 = slots[t], n_head * hd + (k_scratch.shape[1] + kvh) * hd
+    v0, bs = n_head * hd + (k_scratch.shape[1] + kvh) * hd, k_cache.shape[2]
+    blk, row = tables[slots[t], pos // bs], pos % bs
     for i in range(lane, hd, WARP):
-        k_cache[slot, kvh, pos, i] = k_scratch[t, kvh, i]
-        v_cache[slot, kvh, pos, i] = qkv[t, v0 + i]
+        k_cache[blk, kvh, row, i] = k_scratch[t, kvh, i]
+        v_cache[blk, kvh, row, i] = qkv[t, v0 + i]
 
 
 @cuda.jit(device=True)
@@ -101,7 +104,8 @@ def _quantize_lanes(v, t, b, lane, red, scratch, xq, xd, xs):
 
 
 @cuda.jit
-def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out, xq, xd, xs):
+def attention(q, k_cache, v_cache, slots, tables, positions, window, score_scale, out, xq, xd,
+              xs):
     """out[t, h] = softmax(q[t, h] . K^T * score_scale) . V over the token's visible cells;
     head h = blockIdx.x, token t = blockIdx.y, one warp. q (n, n_head, hd) f32,
     out (n, n_head * hd) f32; and, when xq has rows (hd a multiple of 32), out's Q8_1 blocks
@@ -112,7 +116,8 @@ def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out, x
     qs = cuda.shared.array(MAX_HD, np.float32)
     acc = cuda.local.array(PER_LANE, np.float32)
     n_head, hd, n_kv = q.shape[1], q.shape[2], k_cache.shape[1]
-    kvh, slot, pos = h // (n_head // n_kv), slots[t], positions[t]
+    kvh, tbl, pos = h // (n_head // n_kv), tables[slots[t]], positions[t]
+    bs = k_cache.shape[2]
     for i in range(lane, hd, WARP):
         qs[i] = q[t, h, i]
     for r in range(PER_LANE):
@@ -125,8 +130,9 @@ def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out, x
         s = np.float32(-np.inf)
         if key <= pos:
             s = np.float32(0)
+            blk, row = tbl[key // bs], key % bs
             for i in range(hd):
-                s += qs[i] * np.float32(k_cache[slot, kvh, key, i])
+                s += qs[i] * np.float32(k_cache[blk, kvh, row, i])
             s *= score_scale
         m_new = max(m, block_max(s, red, lane, WARP))
         corr = math.exp(m - m_new)
@@ -140,7 +146,8 @@ def attention(q, k_cache, v_cache, slots, positions, window, score_scale, out, x
             if d < hd:
                 a = acc[r] * corr
                 for j in range(n_keys):
-                    a += probs[j] * np.float32(v_cache[slot, kvh, c0 + j, d])
+                    cell = c0 + j
+                    a += probs[j] * np.float32(v_cache[tbl[cell // bs], kvh, cell % bs, d])
                 acc[r] = a
         cuda.syncthreads()
         m = m_new
