@@ -339,7 +339,8 @@ def test_metrics_format(server):
     r = httpx.get(server.url + "/metrics")
     assert r.headers["content-type"].startswith("text/plain")
     assert b"Process-Start-Time-Unix" in [name for name, _ in r.headers.raw]
-    names = [line.split()[2] for line in r.text.splitlines() if line.startswith("# TYPE")]
+    names = [line.split()[2] for line in r.text.splitlines()
+             if line.startswith("# TYPE llamacpp:")]
     assert names == [f"llamacpp:{n}" for n in (
         "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
         "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
@@ -349,6 +350,11 @@ def test_metrics_format(server):
         "requests_deferred", "n_busy_slots_per_decode")]
     for name in names:
         assert f"# HELP {name} " in r.text and f"\n{name} " in r.text
+    # then edgeinfer's own: the shared KV pool (-c 512: eight blocks of 64)
+    assert "\nedgeinfer:kv_cells_total 512\n" in r.text
+    used, peak = (float(re.search(rf"\nedgeinfer:{n} (\S+)", r.text)[1])
+                  for n in ("kv_cells_used", "kv_cells_peak"))
+    assert 0 <= used <= peak <= 512
 
 
 # -- disconnects and keep-alive ------------------------------------------------------------

@@ -112,6 +112,7 @@ class Stats:
     n_tokens_max: int = 0
     requests_done: int = 0
     n_preempted: int = 0  # sequences that gave their KV blocks back to let others go on
+    kv_cells_peak: int = 0  # the most KV cells sequences held at once
 
 
 WAKE = "wake"  # inbox item: load the model again after sleeping
@@ -317,6 +318,7 @@ class Engine(threading.Thread):
         if rows is None:
             return
         n, owners, prefilled = rows
+        self.stats.kv_cells_peak = max(self.stats.kv_cells_peak, self.kv.used_cells())
         tf = self.model.transformer
         m = len(owners)
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],

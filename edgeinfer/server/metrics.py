@@ -34,6 +34,13 @@ GAUGES = (
     ("requests_deferred", "Number of requests deferred"),
     ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
 )
+KV_GAUGES = (  # edgeinfer's own, after llama-server's: the shared KV block pool
+    ("kv_cells_total", "gauge", "KV cells in the pool (-c)"),
+    ("kv_cells_used", "gauge", "KV cells in blocks that sequences hold (shared blocks once)"),
+    ("kv_cells_cached", "gauge", "KV cells in blocks kept only as a prefix cache"),
+    ("kv_cells_peak", "gauge", "Most KV cells held at once since start"),
+    ("kv_preemptions_total", "counter", "Sequences that gave their blocks back for room"),
+)
 
 
 @dataclass
@@ -53,7 +60,19 @@ class Scraper:
             for name, help_text in items:
                 lines += [f"# HELP llamacpp:{name} {help_text}",
                           f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {values[name]:g}"]
+        kv = self._kv(stats)
+        for name, kind, help_text in KV_GAUGES:
+            lines += [f"# HELP edgeinfer:{name} {help_text}",
+                      f"# TYPE edgeinfer:{name} {kind}", f"edgeinfer:{name} {kv[name]:g}"]
         return "\n".join(lines) + "\n"
+
+    def _kv(self, s: Stats) -> dict[str, float]:
+        kv = self.engine.kv  # None while the model sleeps
+        size = kv.block if kv is not None else 0
+        return {"kv_cells_total": kv.n_cells if kv is not None else 0,
+                "kv_cells_used": kv.pool.n_used * size if kv is not None else 0,
+                "kv_cells_cached": kv.pool.n_evictable * size if kv is not None else 0,
+                "kv_cells_peak": s.kv_cells_peak, "kv_preemptions_total": s.n_preempted}
 
     def _values(self, s: Stats, last: Stats) -> dict[str, float]:
         t_prompt = s.prompt_seconds - last.prompt_seconds
