@@ -87,8 +87,9 @@ class Model:
             kv_blocks = -(-kv_cells // block_size(n_ctx))
         if n_ctx < 8:
             raise EdgeInferError(f"context size {n_ctx} is too small")
-        placement = place(parse_gpu_layers(gpu_layers), config, weights, n_ctx, n_slots,
-                          n_batch)
+        kv_size = ((kv_blocks * block_size(n_ctx), 1) if kv_blocks  # (cells, sequences)
+                   else (n_ctx, n_slots))
+        placement = place(parse_gpu_layers(gpu_layers), config, weights, *kv_size, n_batch)
         for line in placement.notes:
             (notes or (lambda line: None))(line)
         with reporting_compiles(progress or (lambda message: None), on_compile):

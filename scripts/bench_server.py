@@ -131,7 +131,8 @@ def main() -> None:
         from test_server_harness import ServerProcess
 
         server = ServerProcess(args.model, "-t", str(args.threads), "-np", str(args.parallel),
-                               "-c", str(args.ctx_size))
+                               "-c", str(args.parallel * args.ctx_size),
+                               "--kv-unified-per-slot", str(args.ctx_size))
         args.url = server.url
     try:
         system = system_prompt(args.system_rules)

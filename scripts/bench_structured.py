@@ -34,7 +34,8 @@ PROMPT = "List the names of some colours, as a JSON array of strings."
 
 
 def start_engine(model: Path, n_slots: int, threads: int | None, n_ctx: int = 1024) -> Engine:
-    settings = ServerSettings(n_slots=n_slots, n_ctx=n_ctx, threads=threads, cache_ram_mib=0)
+    settings = ServerSettings(n_slots=n_slots, n_ctx=n_slots * n_ctx, n_ctx_slot=n_ctx,
+                              threads=threads, cache_ram_mib=0)
     failures: list[BaseException] = []
     engine = Engine(model, settings, failures.append)
     engine.start()

@@ -191,7 +191,9 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the server
     server = ServerProcess(model, "-t", str(args.threads), "-np", str(args.parallel),
-                           "-c", str(args.ctx_size), "--cache-ram", str(args.cache_ram))
+                           "-c", str(args.parallel * args.ctx_size),
+                           "--kv-unified-per-slot", str(args.ctx_size),
+                           "--cache-ram", str(args.cache_ram))
     try:
         report = asyncio.run(soak(server.url, server.proc.pid, args))
         report["shutdown"] = drain(server)
