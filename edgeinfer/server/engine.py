@@ -47,7 +47,7 @@ from edgeinfer.server.events import (
     TokenEvent,
     TokenProbs,
 )
-from edgeinfer.server.kv_slots import ServerKV, _common
+from edgeinfer.server.kv_slots import ServerKV, common_prefix
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
 from edgeinfer.server.params import GenParams
@@ -401,7 +401,7 @@ class Engine(threading.Thread):
             return False
         for slot in self.slots:
             if slot.prefilling and slot.n_decoded == 0:
-                shared = _common(slot.target, job.prompt)
+                shared = common_prefix(slot.target, job.prompt)
                 ready = min(len(slot.target), self.kv.blocks(shared) * self.kv.block)
                 if shared >= self.kv.block and len(slot.cache) < ready:
                     return True
@@ -428,7 +428,7 @@ class Engine(threading.Thread):
             return pinned if pinned.job is None else None
         if not free:
             return None
-        shared = {s.id: _common(s.cache, job.prompt) for s in free}
+        shared = {s.id: common_prefix(s.cache, job.prompt) for s in free}
         best = max(free, key=lambda s: (shared[s.id], -s.last_used))
         if shared[best.id] < SIMILARITY * len(job.prompt):
             best = min(free, key=lambda s: s.last_used)

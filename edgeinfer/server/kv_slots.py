@@ -105,7 +105,7 @@ class ServerKV:
         slots, whose partly filled blocks the tree does not hold. Touches nothing else."""
         if not reuse:
             return Start(0, "slot"), None, -1
-        own = min(_common(held, tokens), n_keep)
+        own = min(common_prefix(held, tokens), n_keep)
         match = self._from_others(self.radix.match(tokens[:n_keep]), tokens[:n_keep], others)
         entry, n_ram = self.saved.best(tokens[:n_keep])
         n_ram = min(n_ram, n_keep)
@@ -124,7 +124,7 @@ class ServerKV:
         i, size = len(match.blocks), self.block
         best, rows = None, match.partial[1] if match.partial else 0
         for other, cells in others:
-            n = min(_common(cells, tokens), (i + 1) * size) - i * size
+            n = min(common_prefix(cells, tokens), (i + 1) * size) - i * size
             if n > rows and len(self.tables[other].blocks) > i:
                 best, rows = self.tables[other].blocks[i], n
         if best is None:
@@ -200,7 +200,7 @@ class ServerKV:
             log.debug("slot %d: updating prompt cache: %d tokens saved", slot, len(held))
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
