@@ -10,6 +10,7 @@ import numpy as np
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.process import GcPause, reporting_compiles, set_threads
 from edgeinfer.sampling import SamplingParams, make_sampler
+from edgeinfer.spec import SpecParams
 
 SAMPLING = SamplingParams()  # generate's defaults
 DEFAULT_CTX = 4096  # llama.cpp's default context size, capped at the model's own
@@ -164,13 +165,15 @@ class Model:
                  frequency_penalty: float = SAMPLING.frequency_penalty,
                  seed: int | None = SAMPLING.seed, stop: Sequence[str] = (),
                  grammar: str | None = None,
-                 json_schema: dict | str | None = None) -> Iterator[str]:
+                 json_schema: dict | str | None = None,
+                 spec: SpecParams | None = None) -> Iterator[str]:
         """Yield generated text pieces (a prompt string is tokenized with special tokens).
         max_tokens -1 generates until EOS or the end of the context (the CLI's and the
         server's default, N_PREDICT); the sampling defaults are `SamplingParams()`'s.
         `grammar` (GBNF, or Lark after `%llguidance`) or `json_schema` constrains the output
         (the `structured` extra); a grammar or schema that does not compile raises
-        EdgeInferError saying why."""
+        EdgeInferError saying why. `spec` (edgeinfer.spec.SpecParams): speculative decoding,
+        e.g. SpecParams("ngram-simple"); the same text, sooner where it copies the prompt."""
         from edgeinfer.generate import stream_generate
 
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -180,7 +183,7 @@ class Model:
             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed))
         for event in stream_generate(self, ids, sampler, max_tokens, stop,
-                                     constraint=constraint):
+                                     constraint=constraint, spec=spec):
             if event.text:
                 yield event.text
 

@@ -127,6 +127,17 @@ def run(
                                            help="Constrain the output to this JSON schema."),
     json_schema_file: Path | None = typer.Option(None, "--json-schema-file",
                                                  help="Read the JSON schema from a file."),
+    spec_type: str = typer.Option("none", "--spec-type",
+                                  help="Speculative decoding: none or ngram-simple (drafts "
+                                       "copied from the context; the same output)."),
+    spec_n_max: int = typer.Option(16, "--spec-draft-n-max",
+                                   help="Most tokens drafted a step."),
+    spec_n_min: int = typer.Option(0, "--spec-draft-n-min",
+                                   help="Shorter drafts are not checked."),
+    ngram_n: int = typer.Option(12, "--spec-ngram-simple-size-n",
+                                help="ngram-simple: tokens matched in the context."),
+    ngram_m: int = typer.Option(48, "--spec-ngram-simple-size-m",
+                                help="ngram-simple: tokens drafted after a match."),
 ) -> None:
     """Generate text from a prompt, streamed to stdout (timings go to stderr); with no
     prompt on a terminal, a chat (as `edgeinfer chat`)."""
@@ -137,14 +148,16 @@ def run(
     def start() -> None:  # inside _guard: SamplingParams rejects bad values
         from edgeinfer.commands.run import RunOptions, run_command
         from edgeinfer.cuda.placement import parse_gpu_layers
+        from edgeinfer.spec.params import SpecParams
 
         sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
+        spec = SpecParams(spec_type, spec_n_max, spec_n_min, ngram_n, ngram_m)
         opts = RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
             flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema,
-            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local)
+            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local, spec=spec)
         if text is None and sys.stdin.isatty():  # no prompt on a terminal: chat (ollama run)
             from edgeinfer.commands.chat.repl import chat_command
 

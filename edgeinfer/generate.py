@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.spec import DraftLength, SpecParams, make_drafter
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
@@ -33,6 +34,8 @@ class Timings:
     cache_n: int = 0  # prompt tokens found in the KV cache, not processed again
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0  # tokens drafted for speculative decoding (llama.cpp's draft_n)
+    draft_n_accepted: int = 0  # of them, kept
 
     @property
     def prompt_per_second(self) -> float:
@@ -63,12 +66,14 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 
 def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
                   timings: Timings, slot: int = 0, constraint: Any = None,
-                  n_past: int = 0) -> Iterator[int]:
+                  n_past: int = 0, spec: SpecParams | None = None) -> Iterator[int]:
     """Yield sampled token ids until the context is full; the caller decides when to stop.
     `constraint` (edgeinfer.structured.SequenceConstraint) allows only the tokens its
     grammar does, and has accepted each token yielded. `n_past`: the slot's KV cache holds
     prompt[:n_past] already (a conversation's earlier turns); only the rest is processed.
-    When the caller stops, every token yielded but the last is in the cache."""
+    `spec`: speculative decoding (edgeinfer/spec/): drafted tokens are checked several per
+    forward pass; the tokens are the same. When the caller stops, every token yielded but the
+    last is in the cache."""
     tf = model.transformer
     n_prompt = len(prompt)
     check_prompt(n_prompt, tf.n_ctx)
@@ -76,36 +81,55 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     # The sampler's penalty window; -1 means every token so far.
     keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
     recent = list(prompt[len(prompt) - keep :]) if keep else []
-    logits = np.zeros((1, model.config.n_vocab), dtype=np.float32)
+    drafter = None if spec is None else make_drafter(spec, prompt)
+    length = None if drafter is None else DraftLength(spec.n_min,
+                                                      min(spec.n_max, tf.n_batch - 1))
+    n_rows = 1 + (length.n_max if length else 0)  # the last token and a draft, at most
+    logits = np.zeros((n_rows, model.config.n_vocab), dtype=np.float32)
     mask = None if constraint is None else constraint.new_mask()
-    token, pos, slot_arr = (np.zeros(1, np.int32) for _ in range(3))
-    slot_arr[0] = slot
+    tokens, positions = np.zeros(n_rows, np.int32), np.zeros(n_rows, np.int32)
+    slots, rows = np.full(n_rows, slot, np.int32), np.arange(n_rows, dtype=np.int32)
     t0 = time.perf_counter()
     ids = np.asarray(prompt[n_past:], dtype=np.int32)  # (n_new,)
     n_new = n_prompt - n_past
     tf.forward(ids, np.arange(n_past, n_prompt, dtype=np.int32),
-               np.full(n_new, slot, np.int32), np.array([n_new - 1], np.int32), logits)
+               np.full(n_new, slot, np.int32), np.array([n_new - 1], np.int32), logits[:1])
     timings.prompt_n, timings.prompt_ms = n_new, 1e3 * (time.perf_counter() - t0)
     timings.cache_n = n_past
     t0 = time.perf_counter()
-    for p in range(n_prompt, tf.n_ctx + 1):
-        next_id = sampler.sample(logits[0], recent)
-        if constraint is not None and not constraint.allows(next_id):  # as the server does
-            constraint.fill_mask(mask)
-            next_id = sampler.sample(logits[0], recent, mask)
-        if constraint is not None and not constraint.accept(next_id):
-            raise EdgeInferError(f"the constraint refused token {next_id}: {constraint.error}")
-        timings.predicted_n += 1
-        timings.predicted_ms = 1e3 * (time.perf_counter() - t0)
-        yield next_id
-        if p == tf.n_ctx:
-            return
-        if keep:
-            recent.append(next_id)
-            if len(recent) > 4 * keep:  # trim now and then, not every step
-                del recent[:-keep]
-        token[0], pos[0] = next_id, p
-        tf.forward(token, pos, slot_arr, np.zeros(1, np.int32), logits)
+    p, draft = n_prompt, []  # p: the position of the next token yielded
+    while True:
+        for i in range(len(draft) + 1):  # row i of logits follows the draft's first i tokens
+            next_id = sampler.sample(logits[i], recent)
+            if constraint is not None and not constraint.allows(next_id):  # as the server
+                constraint.fill_mask(mask)
+                next_id = sampler.sample(logits[i], recent, mask)
+            if constraint is not None and not constraint.accept(next_id):
+                raise EdgeInferError(f"the constraint refused token {next_id}: "
+                                     f"{constraint.error}")
+            timings.predicted_n += 1
+            timings.predicted_ms = 1e3 * (time.perf_counter() - t0)
+            yield next_id
+            if p == tf.n_ctx:
+                return
+            p += 1
+            if keep:
+                recent.append(next_id)
+                if len(recent) > 4 * keep:  # trim now and then, not every step
+                    del recent[:-keep]
+            if drafter is not None:
+                drafter.extend((next_id,))
+            if i == len(draft) or next_id != draft[i]:  # the first token not drafted
+                break
+        if length is not None:
+            if draft:
+                length.record(len(draft), i)
+            timings.draft_n, timings.draft_n_accepted = length.drafted, length.accepted
+            draft = length.usable(drafter.draft(min(length.k, tf.n_ctx - p)))
+        n = len(draft) + 1  # next_id at p - 1, then the draft
+        tokens[0], tokens[1:n] = next_id, draft
+        positions[:n] = np.arange(p - 1, p - 1 + n)
+        tf.forward(tokens[:n], positions[:n], slots[:n], rows[:n], logits[:n])
 
 
 class StopMatcher:
@@ -142,15 +166,18 @@ def _partial_suffix(text: str, stop: str) -> int:
 def stream_generate(model: Model, prompt: Sequence[int], sampler: Sampler,
                     max_tokens: int = -1, stop: Sequence[str] = (),
                     slot: int = 0, constraint: Any = None,
-                    n_past: int = 0) -> Iterator[GenerationEvent]:
+                    n_past: int = 0, spec: SpecParams | None = None
+                    ) -> Iterator[GenerationEvent]:
     """Events with text pieces; the last one carries finish_reason and the timings.
     max_tokens < 0 means until EOS or the end of the context. With a `constraint`, the
-    generation also stops where its grammar is complete. `n_past` as generate_step's."""
+    generation also stops where its grammar is complete. `n_past` and `spec` as
+    generate_step's."""
     timings = Timings()
     decoder = model.tokenizer.stream_decoder()
     matcher = StopMatcher(stop)
     finish, hit, n = "length", False, 0
-    for token in generate_step(model, prompt, sampler, timings, slot, constraint, n_past):
+    for token in generate_step(model, prompt, sampler, timings, slot, constraint, n_past,
+                               spec):
         if model.tokenizer.is_eog(token):
             finish = "stop"
             break

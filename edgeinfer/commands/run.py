@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling_params import N_PREDICT, SamplingParams
+from edgeinfer.spec.params import SpecParams
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class RunOptions:
     gpu_layers: int | str = 0  # -ngl: a count, "all" or "auto"
     host: str | None = None  # a running server to use (commands/remote.py)
     local: bool = False  # never use a running server
+    spec: SpecParams = field(default_factory=SpecParams)  # speculative decoding
 
 
 def run_command(opts: RunOptions) -> None:
@@ -34,7 +36,7 @@ def run_command(opts: RunOptions) -> None:
         raise EdgeInferError("no prompt: use -p TEXT, -f FILE, or pipe text on stdin")
     if not opts.prompt.strip():
         raise EdgeInferError("empty prompt: nothing to generate from")
-    if not opts.local:
+    if not opts.local and not opts.spec.enabled:  # a server runs its own --spec-type
         from edgeinfer.commands.remote import find_server, run_remote
 
         base = find_server(opts.host, opts.model)
@@ -50,7 +52,7 @@ def run_command(opts: RunOptions) -> None:
     constraint = model.constraint(opts.grammar, opts.json_schema)
     event = None
     for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop,
-                                 constraint=constraint):
+                                 constraint=constraint, spec=opts.spec):
         if event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -98,3 +100,6 @@ def print_timings(t) -> None:
 
     sys.stderr.write("\n" + line("prompt eval time", t.prompt_ms, t.prompt_n))
     sys.stderr.write(line("       eval time", t.predicted_ms, t.predicted_n))
+    if t.draft_n:  # llama.cpp's speculative summary
+        sys.stderr.write(f"draft acceptance rate = {t.draft_n_accepted / t.draft_n:.5f} "
+                         f"({t.draft_n_accepted:5d} accepted / {t.draft_n:5d} generated)\n")
