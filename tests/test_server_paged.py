@@ -173,3 +173,20 @@ def test_paged_logits_equal_contiguous(model):
         tf.forward(np.array(tail, np.int32), pos, np.full(n, slot, np.int32),
                    np.arange(n, dtype=np.int32), out)
         np.testing.assert_array_equal(out, want[slot][len(head):])
+
+
+def test_a_reused_prefix_that_leaves_no_room_does_not_wait_forever(model, engines):
+    """A four-block pool without RAM cache; a first sequence leaves three full blocks in the
+    tree; a prompt shares its first two and some rows of the third and needs all four
+    blocks: reusing the third would hold it while copying it (five blocks), on every look.
+    With nobody running it does not wait forever: it computes the prompt from scratch."""
+    rng = np.random.default_rng(4)
+    first = rng.integers(3, 200, 200).tolist()
+    second = first[:140] + rng.integers(3, 200, 115).tolist()  # 255 tokens: 4 blocks
+    params = replace(GREEDY, n_predict=10)
+    solo = alone(engines(model, n_slots=1, n_ctx=512), [second], replace(params, n_predict=1))
+    eng = engines(model, n_slots=2, n_ctx=256, cache_ram_mib=0)
+    run_together(eng, [first], replace(params, id_slot=0))
+    [(tokens, final)] = run_together(eng, [second], replace(params, id_slot=1, n_predict=1))
+    assert tokens == solo[0] and final.n_cached == 0
+    check_no_leak(eng)

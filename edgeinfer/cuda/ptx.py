@@ -37,9 +37,9 @@ def kernel_signatures() -> dict[str, tuple]:
     found["glu_quant"] = (norms.glu_quant, (f32_2, t.boolean, f32_2, *act))
     found["rope_store"] = (attention.rope_store, (
         f32_2, f32_1, f32_1, t.float32, f32_2, f32_2, t.boolean, t.int64, t.float32, i32_1,
-        i32_1, f32_3, f32_3, f16_4, f16_4))
-    found["attention"] = (attention.attention, (f32_3, f16_4, f16_4, i32_1, i32_1, t.int64,
-                                                t.float32, f32_2, *act))
+        i32_1, i32_2, f32_3, f32_3, f16_4, f16_4))  # ... positions, slots, tables, ...
+    found["attention"] = (attention.attention, (f32_3, f16_4, f16_4, i32_1, i32_2, i32_1,
+                                                t.int64, t.float32, f32_2, *act))
     return found
 
 

@@ -133,6 +133,7 @@ class Engine(threading.Thread):
         self.waiting: deque[Job] = deque()
         self.slots = [Slot(i) for i in range(self.n_slots)]
         self.kv: ServerKV | None = None  # the KV block pool, made at load
+        self.kv_asleep = {"total": 0, "used": 0, "cached": 0}
         self.stats = Stats()
         self._running = True
         self.draining = False  # shutting down: waiting and new jobs are refused
@@ -196,6 +197,14 @@ class Engine(threading.Thread):
     def n_deferred(self) -> int:
         return len(self.waiting)
 
+    def kv_figures(self) -> dict[str, int]:
+        """The KV pool's cells: in all, held by sequences, kept only as cache."""
+        kv = self.kv
+        if kv is None:  # asleep, or not loaded yet
+            return self.kv_asleep
+        return {"total": kv.n_cells, "used": kv.pool.n_used * kv.block,
+                "cached": kv.pool.n_evictable * kv.block}
+
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         try:
@@ -242,6 +251,7 @@ class Engine(threading.Thread):
                 return
             self.sleeping = True
             self.awake.clear()
+        self.kv_asleep = self.kv_figures()  # /metrics answers with these while asleep
         self.model = self.kv = None
         for slot in self.slots:
             slot.cache, slot.params = [], None
@@ -484,7 +494,8 @@ class Engine(threading.Thread):
                                         ms, slot.id, timings))
 
     # -- KV blocks -----------------------------------------------------------------------------
-    def _place(self, slot: Slot, tokens: list[int], n_keep: int, reuse: bool) -> bool:
+    def _place(self, slot: Slot, tokens: list[int], n_keep: int, reuse: bool,
+               tries: int = 1) -> bool:
         """Give slot the KV cells of tokens' longest cached prefix (at most n_keep of them)
         and blocks for the rest and one more token; slot.cache then lists the cells it holds.
         False if the pool has no room now; an ApiError if it never will."""
@@ -499,6 +510,12 @@ class Engine(threading.Thread):
         if not self._room(kv.blocks_needed(slot.id, start, match, n_tokens), slot):
             if match is not None:
                 match.release(kv.pool)
+            # what it would reuse can itself take the room it needs (a partly matching
+            # block is held while copied); with nobody running, nothing would free it:
+            # look again (the idle slots' blocks are back now), then start from scratch,
+            # which fits once every other block is given back
+            if reuse and not any(s.job is not None and s is not slot for s in self.slots):
+                return self._place(slot, tokens, n_keep, tries > 0, tries - 1)
             return False
         kv.begin(slot.id, start, match, entry, n_tokens)
         slot.cache = list(tokens[: start.n_past])

@@ -67,12 +67,10 @@ class Scraper:
         return "\n".join(lines) + "\n"
 
     def _kv(self, s: Stats) -> dict[str, float]:
-        kv = self.engine.kv  # None while the model sleeps
-        size = kv.block if kv is not None else 0
-        return {"kv_cells_total": kv.n_cells if kv is not None else 0,
-                "kv_cells_used": kv.pool.n_used * size if kv is not None else 0,
-                "kv_cells_cached": kv.pool.n_evictable * size if kv is not None else 0,
-                "kv_cells_peak": s.kv_cells_peak, "kv_preemptions_total": s.n_preempted}
+        kv = self.engine.kv_figures()  # while asleep: as it went to sleep
+        return {"kv_cells_total": kv["total"], "kv_cells_used": kv["used"],
+                "kv_cells_cached": kv["cached"], "kv_cells_peak": s.kv_cells_peak,
+                "kv_preemptions_total": s.n_preempted}
 
     def _values(self, s: Stats, last: Stats) -> dict[str, float]:
         t_prompt = s.prompt_seconds - last.prompt_seconds

@@ -102,7 +102,9 @@ def _prompt(n_vocab: int) -> dict:
 
 def _message() -> dict:
     part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
-    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}
+    # null: no text (an assistant turn with tool calls), taken as "" as llama-server does
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part},
+                         {"type": "null"}]}
     return _obj({"role": {"type": "string"}, "content": content}, ("role", "content"))
 
 
