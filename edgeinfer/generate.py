@@ -66,14 +66,16 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
 
 def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
                   timings: Timings, slot: int = 0, constraint: Any = None,
-                  n_past: int = 0, spec: SpecParams | None = None) -> Iterator[int]:
+                  n_past: int = 0, spec: SpecParams | None = None,
+                  drafter: Any = None) -> Iterator[int]:
     """Yield sampled token ids until the context is full; the caller decides when to stop.
     `constraint` (edgeinfer.structured.SequenceConstraint) allows only the tokens its
     grammar does, and has accepted each token yielded. `n_past`: the slot's KV cache holds
     prompt[:n_past] already (a conversation's earlier turns); only the rest is processed.
     `spec`: speculative decoding (edgeinfer/spec/): drafted tokens are checked several per
-    forward pass; the tokens are the same. When the caller stops, every token yielded but the
-    last is in the cache."""
+    forward pass; the tokens are the same. `drafter` (with `extend(tokens)` and
+    `draft(limit)`, given the prompt already) replaces spec's; spec's lengths still apply.
+    When the caller stops, every token yielded but the last is in the cache."""
     tf = model.transformer
     n_prompt = len(prompt)
     check_prompt(n_prompt, tf.n_ctx)
@@ -81,7 +83,10 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     # The sampler's penalty window; -1 means every token so far.
     keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
     recent = list(prompt[len(prompt) - keep :]) if keep else []
-    drafter = None if spec is None else make_drafter(spec, prompt)
+    if drafter is not None:
+        spec = spec or SpecParams("ngram-simple")
+    elif spec is not None:
+        drafter = make_drafter(spec, prompt)
     length = None if drafter is None else DraftLength(spec.n_min,
                                                       min(spec.n_max, tf.n_batch - 1))
     n_rows = 1 + (length.n_max if length else 0)  # the last token and a draft, at most

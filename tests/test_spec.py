@@ -74,10 +74,11 @@ def tiny(tmp_path_factory):
     return Model.load(path, n_ctx=512, warm_up=False)
 
 
-def tokens_of(model, prompt, sampling: SamplingParams, n: int, spec=None):
+def tokens_of(model, prompt, sampling: SamplingParams, n: int, spec=None, drafter=None):
     timings = Timings()
     out = []
-    for token in generate_step(model, prompt, make_sampler(sampling), timings, spec=spec):
+    for token in generate_step(model, prompt, make_sampler(sampling), timings, spec=spec,
+                               drafter=drafter):
         out.append(token)
         if len(out) == n:
             break
@@ -99,29 +100,59 @@ def repetitive_prompts(rng, count: int) -> list[list[int]]:
     return prompts
 
 
-def test_greedy_tokens_are_plain_decodings(tiny):
+class Oracle:
+    """Drafts the tokens plain decoding gave, each wrong with probability `noise` (and from
+    there on): every accepted length, every rejection point and full acceptance occur."""
+
+    def __init__(self, prompt, truth, noise: float, seed: int):
+        self.n0, self.truth, self.hist = len(prompt), truth, list(prompt)
+        self.noise, self.rng = noise, np.random.default_rng(seed)
+
+    def extend(self, tokens):
+        self.hist.extend(tokens)
+
+    def draft(self, limit: int) -> list[int]:
+        done = len(self.hist) - self.n0
+        out = list(self.truth[done:done + limit])
+        for i in range(len(out)):
+            if self.rng.random() < self.noise:
+                out[i] = (out[i] + 1) % 200
+                break
+        return out
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(temperature=0),
+    SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.1),
+], ids=["greedy", "seeded"])
+def test_checked_drafts_give_plain_tokens(tiny, sampling):
+    """Each position is sampled from the same logits with the same random draws as plain
+    decoding, so greedy and seeded samples are the same tokens (the distribution is
+    unchanged), whatever the drafts and wherever they are rejected."""
+    rng = np.random.default_rng(0)
+    drafted = accepted = full = 0
+    for seed in range(30):
+        prompt = rng.integers(3, 250, int(rng.integers(4, 40))).tolist()
+        params = SamplingParams(**{**sampling.__dict__, "seed": seed})
+        plain, _ = tokens_of(tiny, prompt, params, 60)
+        oracle = Oracle(prompt, plain, noise=0.15, seed=seed)
+        spec, t = tokens_of(tiny, prompt, params, 60, SpecParams("ngram-simple", n_max=8),
+                            oracle)
+        assert spec == plain
+        drafted, accepted = drafted + t.draft_n, accepted + t.draft_n_accepted
+        full += t.draft_n == t.draft_n_accepted
+    assert 0 < accepted < drafted and full < 30  # drafts kept whole, in part and not at all
+
+
+def test_ngram_drafts_on_repetitive_prompts_give_plain_tokens(tiny):
     greedy = SamplingParams(temperature=0)
-    drafted = accepted = 0
+    drafted = 0
     for prompt in repetitive_prompts(np.random.default_rng(0), 24):
         plain, _ = tokens_of(tiny, prompt, greedy, 80)
         spec, t = tokens_of(tiny, prompt, greedy, 80, NGRAM)
         assert spec == plain
-        drafted, accepted = drafted + t.draft_n, accepted + t.draft_n_accepted
-    assert accepted > 0 and drafted > accepted  # drafts were both kept and rejected
-
-
-def test_seeded_sampling_is_plain_decodings(tiny):
-    """Each position is sampled from the same logits with the same random draws as plain
-    decoding, so seeded samples are the same tokens: the distribution is unchanged."""
-    accepted = 0
-    for seed, prompt in enumerate(repetitive_prompts(np.random.default_rng(1), 40)):
-        sampling = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
-                                  repeat_penalty=1.1)
-        plain, _ = tokens_of(tiny, prompt, sampling, 40)
-        spec, t = tokens_of(tiny, prompt, sampling, 40, NGRAM)
-        assert spec == plain
-        accepted += t.draft_n_accepted
-    assert accepted > 0
+        drafted += t.draft_n
+    assert drafted > 0
 
 
 def test_limits_and_stops_at_draft_boundaries(tiny):
