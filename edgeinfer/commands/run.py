@@ -100,6 +100,8 @@ def print_timings(t) -> None:
 
     sys.stderr.write("\n" + line("prompt eval time", t.prompt_ms, t.prompt_n))
     sys.stderr.write(line("       eval time", t.predicted_ms, t.predicted_n))
-    if t.draft_n:  # llama.cpp's speculative summary
-        sys.stderr.write(f"draft acceptance rate = {t.draft_n_accepted / t.draft_n:.5f} "
-                         f"({t.draft_n_accepted:5d} accepted / {t.draft_n:5d} generated)\n")
+    drafted = getattr(t, "draft_n", 0)  # a server's timings may not have them
+    if drafted:  # llama.cpp's speculative summary
+        accepted = t.draft_n_accepted
+        sys.stderr.write(f"draft acceptance rate = {accepted / drafted:.5f} "
+                         f"({accepted:5d} accepted / {drafted:5d} generated)\n")
