@@ -47,10 +47,11 @@ from edgeinfer.server.events import (
     TokenEvent,
     TokenProbs,
 )
-from edgeinfer.server.kv_slots import ServerKV, common_prefix
+from edgeinfer.server.kv_slots import ServerKV
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
 from edgeinfer.server.params import GenParams
+from edgeinfer.server.prefix import common_prefix
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgeinfer.kv import BlockPool, BlockTable, Match, PoolFull, RadixCache
+from edgeinfer.server.prefix import common_prefix
 from edgeinfer.server.prompt_cache import PromptCache
 
 log = logging.getLogger("edgeinfer.server")
@@ -65,8 +66,8 @@ class ServerKV:
     def release(self, slot: int, tokens: Sequence[int] = (), save: bool = False) -> None:
         """Give back slot's blocks; its full blocks of `tokens` (computed) stay in the tree,
         and with `save` the whole sequence is copied to the RAM cache first."""
-        if save and tokens and self.saved.save(slot, tokens):
-            log.debug("slot %d: updating prompt cache: %d tokens saved", slot, len(tokens))
+        if save and tokens:
+            self.save_held(slot, tokens)
         if tokens:
             self.commit(slot, tokens)
         self.tables[slot].release()
@@ -199,10 +200,3 @@ class ServerKV:
         if self.saved.save(slot, held, keep=keep):
             log.debug("slot %d: updating prompt cache: %d tokens saved", slot, len(held))
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -21,7 +21,8 @@ class _Node:
         self.slots: set[int] = set()  # slots whose cached sequence goes through this node
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -52,7 +53,7 @@ class PrefixTree:
             if child is None:
                 child = node.children[rest[0]] = _Node(rest)
             else:
-                n = _common(child.edge, rest)
+                n = common_prefix(child.edge, rest)
                 if n < len(child.edge):
                     child = self._split(node, child, n)
             child.slots.add(slot)
@@ -80,7 +81,7 @@ class PrefixTree:
             child = node.children.get(tokens[depth])
             if child is None:
                 break
-            n = _common(child.edge, tokens[depth:depth + len(child.edge)])
+            n = common_prefix(child.edge, tokens[depth:depth + len(child.edge)])
             for slot in child.slots:
                 shared[slot] = depth + n
             if n < len(child.edge):
