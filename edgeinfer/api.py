@@ -24,6 +24,7 @@ class Model:
         self.path, self.config, self.tokenizer = path, config, tokenizer
         self.transformer, self.chat_template = transformer, chat_template
         self.chat_template_tool_use = chat_template_tool_use
+        self._drafts: dict = {}  # draft model path -> spec.draft_model.DraftModel
 
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
@@ -186,6 +187,21 @@ class Model:
                                      constraint=constraint, spec=spec):
             if event.text:
                 yield event.text
+
+    def draft_model(self, spec: SpecParams | None, threads: int | None = None):
+        """The draft model spec names (loaded on first use, a KV slot per slot of this
+        model's), or None when it names none. EdgeInferError if it cannot draft for this
+        model."""
+        if spec is None or spec.type != "draft-simple" or not spec.enabled:
+            return None
+        draft = self._drafts.get(spec.draft_model)
+        if draft is None:
+            from edgeinfer.spec.draft_model import DraftModel
+
+            draft = DraftModel.load(spec.draft_model, self, self.transformer.kv_cache.n_slots,
+                                    threads)
+            self._drafts[spec.draft_model] = draft
+        return draft
 
     def constraint(self, grammar: str | None = None, json_schema: dict | str | None = None):
         """A new sequence's state for `grammar` or `json_schema` (at most one), or None."""

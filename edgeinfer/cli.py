@@ -128,8 +128,16 @@ def run(
     json_schema_file: Path | None = typer.Option(None, "--json-schema-file",
                                                  help="Read the JSON schema from a file."),
     spec_type: str = typer.Option("none", "--spec-type",
-                                  help="Speculative decoding: none or ngram-simple (drafts "
-                                       "copied from the context; the same output)."),
+                                  help="Speculative decoding: none, ngram-simple (drafts "
+                                       "copied from the context) or draft-simple (drafts "
+                                       "from -md); the same output."),
+    model_draft: Path | None = typer.Option(None, "--spec-draft-model", "-md",
+                                            "--model-draft",
+                                            help="A smaller model of the same vocabulary "
+                                                 "drafts (draft-simple)."),
+    spec_p_min: float = typer.Option(0.0, "--spec-draft-p-min", "--draft-p-min",
+                                     help="draft-simple: stop drafting below this "
+                                          "probability."),
     spec_n_max: int = typer.Option(16, "--spec-draft-n-max",
                                    help="Most tokens drafted a step."),
     spec_n_min: int = typer.Option(0, "--spec-draft-n-min",
@@ -148,11 +156,12 @@ def run(
     def start() -> None:  # inside _guard: SamplingParams rejects bad values
         from edgeinfer.commands.run import RunOptions, run_command
         from edgeinfer.cuda.placement import parse_gpu_layers
-        from edgeinfer.spec.params import SpecParams
+        from edgeinfer.spec.params import spec_params
 
         sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
-        spec = SpecParams(spec_type, spec_n_max, spec_n_min, ngram_n, ngram_m)
+        spec = spec_params(spec_type, model_draft, n_max=spec_n_max, n_min=spec_n_min,
+                           ngram_size_n=ngram_n, ngram_size_m=ngram_m, p_min=spec_p_min)
         opts = RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.spec import DraftLength, SpecParams, make_drafter
+from edgeinfer.spec import SpecParams
+from edgeinfer.spec.speculation import Speculation
 
 if TYPE_CHECKING:
     from edgeinfer.api import Model
@@ -83,13 +84,9 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
     # The sampler's penalty window; -1 means every token so far.
     keep = sampler.params.repeat_last_n if sampler.params.repeat_last_n >= 0 else tf.n_ctx
     recent = list(prompt[len(prompt) - keep :]) if keep else []
-    if drafter is not None:
-        spec = spec or SpecParams("ngram-simple")
-    elif spec is not None:
-        drafter = make_drafter(spec, prompt)
-    length = None if drafter is None else DraftLength(spec.n_min,
-                                                      min(spec.n_max, tf.n_batch - 1))
-    n_rows = 1 + (length.n_max if length else 0)  # the last token and a draft, at most
+    speculation = Speculation.start(spec, prompt, tf.n_batch, model.draft_model(spec), slot,
+                                    drafter)
+    n_rows = 1 + (speculation.n_max if speculation else 0)  # the last token, a draft
     logits = np.zeros((n_rows, model.config.n_vocab), dtype=np.float32)
     mask = None if constraint is None else constraint.new_mask()
     tokens, positions = np.zeros(n_rows, np.int32), np.zeros(n_rows, np.int32)
@@ -122,15 +119,14 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
                 recent.append(next_id)
                 if len(recent) > 4 * keep:  # trim now and then, not every step
                     del recent[:-keep]
-            if drafter is not None:
-                drafter.extend((next_id,))
+            if speculation is not None:
+                speculation.extend(next_id)
             if i == len(draft) or next_id != draft[i]:  # the first token not drafted
                 break
-        if length is not None:
-            if draft:
-                length.record(len(draft), i)
-            timings.draft_n, timings.draft_n_accepted = length.drafted, length.accepted
-            draft = length.usable(drafter.draft(min(length.k, tf.n_ctx - p)))
+        if speculation is not None:
+            speculation.record(len(draft), i)
+            timings.draft_n, timings.draft_n_accepted = speculation.drafted, speculation.accepted
+            draft = speculation.propose(tf.n_ctx - p)
         n = len(draft) + 1  # next_id at p - 1, then the draft
         tokens[0], tokens[1:n] = next_id, draft
         positions[:n] = np.arange(p - 1, p - 1 + n)

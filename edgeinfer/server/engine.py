@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,70 +50,15 @@ from edgeinfer.server.events import (
 from edgeinfer.server.kv_slots import ServerKV
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
-from edgeinfer.server.params import GenParams
 from edgeinfer.server.prefix import common_prefix
+from edgeinfer.server.slots import Slot, Stats
+from edgeinfer.spec.speculation import Speculation
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
 RECENT_MAX = 1024  # tokens kept for repetition penalties
 CANCELLED = ApiError(499, "request cancelled by the client")
 SHUTTING_DOWN = ApiError(503, "The server is shutting down")
-
-
-@dataclass
-class Slot:
-    id: int
-    cache: list[int] = field(default_factory=list)  # tokens whose K/V are in the slot
-    target: list[int] = field(default_factory=list)  # the tokens to prefill: the prompt
-    stalled: bool = False  # preempted for KV room: resumes by prefilling `target` again
-    job: Job | None = None
-    last_used: float = 0.0
-    task_id: int = -1
-    params: GenParams | None = None  # the last job's, kept after it ends (for /slots)
-    n_prompt: int = 0  # the last job's prompt tokens
-    # per-job state, reset by Engine._start
-    n_cached: int = 0
-    next_token: int = -1  # sampled, to be fed at position len(cache); -1 while prefilling
-    n_decoded: int = 0
-    recent: list[int] = field(default_factory=list)
-    sampler: Any = None
-    constraint: Any = None  # the job's SequenceConstraint (edgeinfer.structured), or None
-    lazy_text: str = ""  # the text generated before a lazy constraint's trigger
-    decoder: Any = None
-    matcher: StopMatcher | None = None
-    has_new_line: bool = False
-    t_start: float = 0.0
-    t_prompt: float = 0.0
-    t_last: float = 0.0
-
-    @property
-    def prefilling(self) -> bool:
-        return self.job is not None and not self.stalled and len(self.cache) < len(self.target)
-
-    @property
-    def decoding(self) -> bool:
-        return (self.job is not None and not self.stalled and self.next_token >= 0
-                and len(self.cache) >= len(self.target))
-
-
-@dataclass
-class Stats:
-    """Counters behind /metrics, cumulative since start (llama-server's server_metrics).
-    The first generated token of a job comes from its prompt's logits: it is counted in
-    predicted_tokens but costs no decode step, so rates use predicted_steps."""
-
-    prompt_tokens: int = 0  # evaluated, not reused from the cache
-    prompt_seconds: float = 0.0
-    prompt_cached: int = 0
-    predicted_tokens: int = 0
-    predicted_steps: int = 0
-    predicted_seconds: float = 0.0
-    n_decode: int = 0
-    busy_slots_sum: int = 0
-    n_tokens_max: int = 0
-    requests_done: int = 0
-    n_preempted: int = 0  # sequences that gave their KV blocks back to let others go on
-    kv_cells_peak: int = 0  # the most KV cells sequences held at once
 
 
 WAKE = "wake"  # inbox item: load the model again after sleeping
@@ -253,7 +198,7 @@ class Engine(threading.Thread):
             self.sleeping = True
             self.awake.clear()
         self.kv_asleep = self.kv_figures()  # /metrics answers with these while asleep
-        self.model = self.kv = None
+        self.model = self.kv = self.draft = None
         for slot in self.slots:
             slot.cache, slot.params = [], None
         gc.collect()
@@ -294,11 +239,15 @@ class Engine(threading.Thread):
         self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer
         self.kv = ServerKV(tf.kv_cache, self.n_slots, max(0, opts.cache_ram_mib) << 20)
-        self.logits = np.zeros((self.n_slots, self.model.config.n_vocab), np.float32)
-        size = tf.n_batch + self.n_slots
+        # speculative decoding: a slot's rows are its last token and a draft, at most
+        self.draft = self.model.draft_model(opts.spec, opts.threads)
+        self.spec_rows = 1 + min(opts.spec.n_max, tf.n_batch - 1) if opts.spec.enabled else 1
+        n_rows = self.n_slots * self.spec_rows  # (np.zeros is touched only as rows are used)
+        self.logits = np.zeros((n_rows, self.model.config.n_vocab), np.float32)
+        size = tf.n_batch + n_rows
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
-        self.batch_rows = np.zeros(self.n_slots, np.int32)
+        self.batch_rows = np.zeros(n_rows, np.int32)
         self.masks = None  # (n_slots, n_words) int32: the constraints' masks, on first use
         log.info("model loaded in %.2f s: %d slots sharing a KV pool of %d cells (%d blocks "
                  "of %d), up to %d a request, flash attention %s", time.perf_counter() - t0,
@@ -328,10 +277,9 @@ class Engine(threading.Thread):
         rows = self._build_batch()
         if rows is None:
             return
-        n, owners, prefilled = rows
+        n, m, owners, prefilled = rows
         self.stats.kv_cells_peak = max(self.stats.kv_cells_peak, self.kv.used_cells())
         tf = self.model.transformer
-        m = len(owners)
         tf.forward(self.batch_tokens[:n], self.batch_pos[:n], self.batch_slots[:n],
                    self.batch_rows[:m], self.logits[:m])
         for slot in prefilled:
@@ -341,12 +289,15 @@ class Engine(threading.Thread):
         self.stats.n_decode += 1
         self.stats.busy_slots_sum += sum(s.job is not None for s in self.slots)
         now = time.perf_counter()
-        for i, slot in enumerate(owners):
+        i = 0
+        for slot in owners:  # a slot's rows: its last token's, then its draft's
+            k = 1 + len(slot.draft)
             try:
-                self._on_logits(slot, self.logits[i], now)
+                self._on_logits(slot, self.logits[i : i + k], now)
             except ModelFault as exc:  # NaN logits: this request fails, the batch goes on
                 log.error("slot %d: task %d failed: %s", slot.id, slot.job.id, exc)
                 self._fail(slot, ApiError(500, str(exc)))
+            i += k
 
     # -- admission -----------------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -462,11 +413,22 @@ class Engine(threading.Thread):
         slot.lazy_text = ""
         slot.decoder = self.model.tokenizer.stream_decoder(preserved=params.preserved)
         slot.matcher = StopMatcher(params.stop)
+        slot.spec, slot.draft = self._speculation(slot, job), []
         slot.t_start = slot.t_last = time.perf_counter()
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
         self._progress(slot)  # 0 %: what the cache holds
         return True
+
+    def _speculation(self, slot: Slot, job: Job) -> Speculation | None:
+        """The job's speculation: the server's --spec-* with its speculative.* fields."""
+        spec, params = self.settings.spec, job.params
+        if not spec.enabled:
+            return None
+        spec = replace(spec, n_max=_given(params.spec_n_max, spec.n_max),
+                       n_min=_given(params.spec_n_min, spec.n_min),
+                       p_min=_given(params.spec_p_min, spec.p_min))
+        return Speculation.start(spec, job.prompt, self.spec_rows, self.draft, slot.id)
 
     def _start_constraint(self, job: Job, text: str | None = None) -> Any:
         """The job's constraint at the start of the output, fed its prefill (or, for a lazy
@@ -566,16 +528,34 @@ class Engine(threading.Thread):
         return True
 
     # -- batching ------------------------------------------------------------------------------
-    def _build_batch(self) -> tuple[int, list[Slot], list[Slot]] | None:
-        """Fill the batch arrays; return (n_tokens, slots owning each logits row, slots
-        with prompt tokens in the batch)."""
+    def _draft(self) -> None:
+        """Speculating decoders draft the tokens after their next one, as far as the KV
+        pool has room without taking anyone's blocks."""
+        for slot in self.slots:
+            slot.draft = []
+            if slot.spec is None or not slot.decoding:
+                continue
+            limit = self.n_ctx - len(slot.cache) - 1  # cells after the next token's
+            if slot.job.params.n_predict >= 0:  # tokens after the next one still wanted
+                limit = min(limit, slot.job.params.n_predict - slot.n_decoded - 1)
+            draft = slot.spec.propose(limit)
+            if draft and self.kv.grow(slot.id, len(slot.cache) + 1 + len(draft)):
+                slot.draft = draft
+
+    def _build_batch(self) -> tuple[int, int, list[Slot], list[Slot]] | None:
+        """Fill the batch arrays; return (n_tokens, n_logits rows, slots owning the
+        logits rows in order (1 + len(draft) rows each), slots with prompt tokens in the
+        batch)."""
         self._grow_decoders()
-        n, owners, prefilled = 0, [], []
-        for slot in self.slots:  # decoders first: one token each
+        self._draft()
+        n, m, owners, prefilled = 0, 0, [], []
+        for slot in self.slots:  # decoders first: a token each, and a draft
             if slot.decoding:
-                n = self._put(n, slot.next_token, len(slot.cache), slot.id)
-                slot.cache.append(slot.next_token)
-                self.batch_rows[len(owners)] = n - 1
+                for token in (slot.next_token, *slot.draft):
+                    n = self._put(n, token, len(slot.cache), slot.id)
+                    slot.cache.append(token)
+                    self.batch_rows[m] = n - 1
+                    m += 1
                 owners.append(slot)
         budget = self._prefill_budget(n)
         for slot in self.slots:
@@ -590,9 +570,10 @@ class Engine(threading.Thread):
             budget -= len(chunk)
             prefilled.append(slot)
             if len(slot.cache) == len(prompt) and slot.next_token < 0:  # not a resumed one
-                self.batch_rows[len(owners)] = n - 1
+                self.batch_rows[m] = n - 1
+                m += 1
                 owners.append(slot)
-        return (n, owners, prefilled) if n else None
+        return (n, m, owners, prefilled) if n else None
 
     def _prefill_budget(self, n_decoding: int) -> int:
         """Prompt tokens this step may add: a full batch when nobody is decoding, else a
@@ -631,7 +612,9 @@ class Engine(threading.Thread):
             token = sampler.sample(row, slot.recent, self._mask(slot))
         return token, slot_probs(row, token, params.n_probs) if params.logprobs else None
 
-    def _on_logits(self, slot: Slot, row: np.ndarray, now: float) -> None:
+    def _on_logits(self, slot: Slot, rows: np.ndarray, now: float) -> None:
+        """rows (1 + len(slot.draft), n_vocab): the logits after slot's next token, then
+        after each drafted token."""
         job = slot.job
         if slot.next_token < 0:  # the prompt has just been processed
             slot.t_prompt = now
@@ -640,8 +623,31 @@ class Engine(threading.Thread):
             self.stats.prompt_seconds += now - slot.t_start
             if job.params.n_predict == 0:
                 return self._finish(slot, "limit")
-        token, probs = self._sample(slot, row)  # ignore_eos: -inf biases (params.py)
+        if slot.draft:
+            return self._verify(slot, rows, now)
+        token, probs = self._sample(slot, rows[0])  # ignore_eos: -inf biases (params.py)
         self._accept(slot, token, probs, now)
+
+    def _verify(self, slot: Slot, rows: np.ndarray, now: float) -> None:
+        """Sample each row as plain decoding would and keep the draft up to the first token
+        that differs (the rejection rule for a drafted point mass: the same tokens); the
+        cells of the rejected draft are dropped."""
+        draft, slot.draft = slot.draft, []
+        cells = slot.cache  # ..., the next token, the draft
+        base = len(cells) - len(draft)
+        accepted = 0
+        for i in range(len(draft) + 1):
+            slot.cache = cells[: base + i]  # the cells row i's logits follow
+            token, probs = self._sample(slot, rows[i])
+            self._accept(slot, token, probs, now)
+            if slot.job is None or i == len(draft) or token != draft[i]:
+                break
+            accepted += 1
+        self.kv.truncate(slot.id, len(slot.cache))
+        slot.spec.record(len(draft), accepted)
+        self.stats.draft_tokens += len(draft)
+        self.stats.draft_accepted += accepted
+        self.stats.n_drafts += 1
 
     def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:
         job, params = slot.job, slot.job.params
@@ -650,6 +656,8 @@ class Engine(threading.Thread):
         slot.recent.append(token)
         if len(slot.recent) > 2 * RECENT_MAX:
             del slot.recent[:-RECENT_MAX]
+        if slot.spec is not None:
+            slot.spec.extend(token)
         constraint = slot.constraint
         if constraint is not None and not constraint.accept(token):  # cannot happen: masked
             log.error("slot %d: task %d: the constraint refused token %d: %s", slot.id,
@@ -709,7 +717,7 @@ class Engine(threading.Thread):
         prompt_ms = 1e3 * ((slot.t_prompt or slot.t_last) - slot.t_start) if prompt_n else 0.0
         gen_ms = max(1e-3, 1e3 * (slot.t_last - slot.t_prompt)) if slot.n_decoded else 0.0
         steps = max(0, slot.n_decoded - 1)
-        return {
+        timings = {
             "cache_n": n_cached,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
@@ -720,6 +728,10 @@ class Engine(threading.Thread):
             "predicted_per_token_ms": gen_ms / steps if steps else 0.0,
             "predicted_per_second": 1e3 / gen_ms * steps if gen_ms > 0 else 0.0,
         }
+        if slot.spec is not None and slot.spec.drafted:
+            timings["draft_n"] = slot.spec.drafted
+            timings["draft_n_accepted"] = slot.spec.accepted
+        return timings
 
     def _release(self, slot: Slot) -> None:
         if slot.job is not None and slot.n_decoded:
@@ -748,6 +760,11 @@ class Engine(threading.Thread):
 def slot_probs(row: np.ndarray, token: int, n_probs: int) -> TokenProbs:
     """The sampled token's log-probability and the top n_probs, before any sampler."""
     return TokenProbs(token, float(row[token]) - log_sum_exp(row), top_logprobs(row, n_probs))
+
+
+def _given(value, default):
+    """A request's value, or the server's where it gave none (-1)."""
+    return default if value < 0 else value
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -81,8 +81,9 @@ class Scraper:
             "tokens_predicted_total": s.predicted_tokens,
             "tokens_predicted_seconds_total": s.predicted_seconds,
             "n_decode_total": s.n_decode, "n_tokens_max": s.n_tokens_max,
-            "spec_decode_num_draft_tokens_total": 0,
-            "spec_decode_num_accepted_tokens_total": 0, "spec_decode_num_drafts_total": 0,
+            "spec_decode_num_draft_tokens_total": s.draft_tokens,
+            "spec_decode_num_accepted_tokens_total": s.draft_accepted,
+            "spec_decode_num_drafts_total": s.n_drafts,
             "prompt_tokens_seconds":
                 (s.prompt_tokens - last.prompt_tokens) / t_prompt if t_prompt > 0 else 0.0,
             "predicted_tokens_seconds":

@@ -14,6 +14,7 @@ from pathlib import Path
 from edgeinfer.cuda.placement import parse_gpu_layers
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.sampling import N_PREDICT, SamplingParams
+from edgeinfer.spec.params import SPEC_TYPES, SpecParams, spec_params
 
 SAMPLING = SamplingParams()
 REASONING = ("on", "off", "auto")
@@ -63,6 +64,7 @@ class ServerSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)  # request defaults
     n_predict: int = N_PREDICT  # the default of a request's n_predict
     chat: ChatOptions = field(default_factory=ChatOptions)
+    spec: SpecParams = field(default_factory=SpecParams)  # speculative decoding (--spec-*)
 
     def __post_init__(self):
         if self.max_body_bytes < 1 or not math.isfinite(self.sse_ping_interval):
@@ -123,6 +125,26 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
                         "that needs it loads it again (-1: never)")
 
 
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (the same output, sooner)")
+    g.add_argument("--spec-type", choices=SPEC_TYPES, default="none",
+                   help="ngram-simple: drafts copied from the context; draft-simple: drafts "
+                        "from -md (default: none, or draft-simple with -md)")
+    g.add_argument("-md", "--spec-draft-model", "--model-draft", type=Path, default=None,
+                   dest="model_draft", metavar="FNAME",
+                   help="a smaller model of the same vocabulary that drafts")
+    g.add_argument("--spec-draft-n-max", type=int, default=16, metavar="N",
+                   help="most tokens drafted a step (default 16)")
+    g.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                   help="shorter drafts are not checked (default 0)")
+    g.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
+                   metavar="P", help="draft-simple: stop drafting below this probability")
+    g.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
+                   help="ngram-simple: tokens matched in the context (default 12)")
+    g.add_argument("--spec-ngram-simple-size-m", type=int, default=48, metavar="N",
+                   help="ngram-simple: tokens drafted after a match (default 48)")
+
+
 def _add_api(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("API")
     g.add_argument("-a", "--alias", default=None,
@@ -181,7 +203,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                 usage=f"{prog} [MODEL] [flags]")
     p.add_argument("model", nargs="?", default=None,
                    help="GGUF file or known model name (default: smollm2)")
-    for add in (_add_network, _add_engine, _add_api, _add_defaults, _add_chat, _add_router):
+    for add in (_add_network, _add_engine, _add_spec, _add_api, _add_defaults, _add_chat,
+                _add_router):
         add(p)
     return p
 
@@ -252,4 +275,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         cors_origins=args.cors_origins, allowed_hosts=args.allowed_hosts,
         shutdown_timeout=args.shutdown_timeout, sleep_idle_seconds=args.sleep_idle_seconds,
         verbose=args.verbose, sampling=sampling, n_predict=args.n_predict,
-        chat=ChatOptions(_template(args), args.jinja, args.reasoning, args.reasoning_format))
+        chat=ChatOptions(_template(args), args.jinja, args.reasoning, args.reasoning_format),
+        spec=spec_params(args.spec_type, args.model_draft, n_max=args.spec_draft_n_max,
+                         n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
+                         ngram_size_n=args.spec_ngram_simple_size_n,
+                         ngram_size_m=args.spec_ngram_simple_size_m))

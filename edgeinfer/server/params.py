@@ -53,6 +53,11 @@ class GenParams:
     lazy: LazyStart | None = None  # the constraint applies from a trigger word on
     prefill: str = ""  # text fed to the constraint before the first generated token
     preserved: frozenset[int] = frozenset()  # special tokens streamed as their text
+    # speculative.n_max / n_min / p_min: the server's --spec-draft-* for this request (-1:
+    # the server's)
+    spec_n_max: int = -1
+    spec_n_min: int = -1
+    spec_p_min: float = -1.0
 
 
 DEFAULTS = GenParams()
@@ -330,7 +335,9 @@ def gen_params(body: dict, n_probs: int = 0, vocab: Vocab | None = None,
         return_progress=_boolean(body, "return_progress", False),
         response_fields=_response_fields(body),
         verbose=_boolean(body, "verbose", defaults.verbose), constraint=constraint,
-        strict=strict)
+        strict=strict, spec_n_max=_integer(body, "speculative.n_max", -1, 0),
+        spec_n_min=_integer(body, "speculative.n_min", -1, 0),
+        spec_p_min=_number(body, "speculative.p_min", -1.0, 0.0, 1.0))
 
 
 def _ping_interval(body: dict) -> float | None:
