@@ -56,7 +56,8 @@ def test_draft_length_adapts():
     length.record(4, 4)
     assert length.k == 8
     length.record(8, 0)
-    assert length.k == 1 and length.usable([5, 6, 7]) == []  # under n_min: not checked
+    assert length.k == 2  # not below n_min, or nothing would be checked again
+    assert length.usable([5, 6, 7]) == [5, 6] and length.usable([5]) == []  # under n_min
     assert (length.drafted, length.accepted) == (28, 7)
 
 

@@ -76,6 +76,10 @@ def _generation_fields(n_slots: int, n_vocab: int) -> dict:
         "post_sampling_probs": {"type": "boolean"},
         "return_progress": {"type": "boolean"},
         "verbose": {"type": "boolean"},
+        "speculative.n_max": _int(0, description="most tokens drafted a step (at most the "
+                                                 "server's --spec-draft-n-max)"),
+        "speculative.n_min": _int(0, description="shorter drafts are not checked"),
+        "speculative.p_min": {"type": "number", "minimum": 0, "maximum": 1},
         # refused unless empty (params._reject_unsupported): a constraint silently ignored
         # would be worse than a 400
         **{key: EMPTY for key in UNSUPPORTED},
@@ -182,7 +186,8 @@ def _reply_schemas() -> dict:
                   "total_tokens": integer},
                  ("completion_tokens", "prompt_tokens", "total_tokens"))
     timings = _obj({k: number for k in ("prompt_n", "prompt_ms", "predicted_n",
-                                          "predicted_ms", "predicted_per_second")})
+                                          "predicted_ms", "predicted_per_second", "draft_n",
+                                          "draft_n_accepted")})
     finish = {"enum": ["stop", "length"]}
     head = {"id": string, "object": string, "created": integer, "model": string}
     native = _obj({"content": string, "stop": {"const": True}, "tokens": {"type": "array"},

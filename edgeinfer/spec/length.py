@@ -21,7 +21,7 @@ class DraftLength:
         if n_accepted == n_drafted:
             self.k = min(self.n_max, max(1, 2 * self.k))
         else:
-            self.k = max(1, n_accepted + 1)
+            self.k = max(1, self.n_min, n_accepted + 1)  # never below what may be checked
 
     def usable(self, draft: list[int]) -> list[int]:
         """The draft cut to the current length; [] when shorter than n_min."""
