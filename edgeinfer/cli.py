@@ -142,7 +142,7 @@ def run(
                                    help="Most tokens drafted a step."),
     spec_n_min: int = typer.Option(0, "--spec-draft-n-min",
                                    help="Shorter drafts are not checked."),
-    ngram_n: int = typer.Option(12, "--spec-ngram-simple-size-n",
+    ngram_n: int = typer.Option(3, "--spec-ngram-simple-size-n",
                                 help="ngram-simple: tokens matched in the context."),
     ngram_m: int = typer.Option(48, "--spec-ngram-simple-size-m",
                                 help="ngram-simple: tokens drafted after a match."),

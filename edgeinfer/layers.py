@@ -22,6 +22,7 @@ from edgeinfer.kernels import native
 from edgeinfer.kernels.native import call, weight_rows
 from edgeinfer.kernels.ops import GEGLU_PARALLEL_VALUES, SWIGLU_PARALLEL_VALUES, parallel_rows
 from edgeinfer.linear import act_views
+from edgeinfer.tiles import PAD_TO  # the kernels' row tiles (tiles.py says why)
 
 # A layer's matrices, in the order of LayerTable.weight's second axis: project() runs
 # consecutive ones on one input (q/k/v, gate/up), converting it once per activation format.
@@ -240,13 +241,6 @@ def add_residual(kern, x, o, post_norm, eps, scratch):
         call("add_inplace", kern.add_inplace, (x, scratch))
     else:
         call("add_inplace", kern.add_inplace, (x, o))
-
-
-# The matrix kernels take tokens in register tiles of 8 and 4 (and 2 or 1 by type); a count
-# between them runs as the tile above it, when the buffers have the rows, since two
-# overlapping smaller tiles decode every weight block twice (docs/performance.md, "Padded
-# tiles"). Every token's outputs are the same bits in any tile.
-PAD_TO = (1, 2, 4, 4, 8, 8, 8, 8)  # product rows for 1..8 tokens
 
 
 @njit(cache=True, nogil=True)

@@ -531,6 +531,7 @@ class Engine(threading.Thread):
     def _draft(self) -> None:
         """Speculating decoders draft the tokens after their next one, as far as the KV
         pool has room without taking anyone's blocks."""
+        n_seqs = sum(slot.decoding for slot in self.slots)
         for slot in self.slots:
             slot.draft = []
             if slot.spec is None or not slot.decoding:
@@ -538,7 +539,7 @@ class Engine(threading.Thread):
             limit = self.n_ctx - len(slot.cache) - 1  # cells after the next token's
             if slot.job.params.n_predict >= 0:  # tokens after the next one still wanted
                 limit = min(limit, slot.job.params.n_predict - slot.n_decoded - 1)
-            draft = slot.spec.propose(limit)
+            draft = slot.spec.propose(limit, n_seqs)
             if draft and self.kv.grow(slot.id, len(slot.cache) + 1 + len(draft)):
                 slot.draft = draft
 

@@ -139,8 +139,9 @@ def _add_spec(p: argparse.ArgumentParser) -> None:
                    help="shorter drafts are not checked (default 0)")
     g.add_argument("--spec-draft-p-min", "--draft-p-min", type=float, default=0.0,
                    metavar="P", help="draft-simple: stop drafting below this probability")
-    g.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
-                   help="ngram-simple: tokens matched in the context (default 12)")
+    g.add_argument("--spec-ngram-simple-size-n", type=int, default=3, metavar="N",
+                   help="ngram-simple: tokens matched in the context (default 3; "
+                        "llama-server's is 12)")
     g.add_argument("--spec-ngram-simple-size-m", type=int, default=48, metavar="N",
                    help="ngram-simple: tokens drafted after a match (default 48)")
 

@@ -14,7 +14,9 @@ class SpecParams:
     type: str = "none"  # --spec-type
     n_max: int = 16  # --spec-draft-n-max: the most tokens drafted a step
     n_min: int = 0  # --spec-draft-n-min: a shorter draft is not checked
-    ngram_size_n: int = 12  # --spec-ngram-simple-size-n: tokens matched in the history
+    # --spec-ngram-simple-size-n: tokens matched in the history (llama.cpp's 12 finds few
+    # drafts in small models' rewrites; 3 measured best: docs/performance.md)
+    ngram_size_n: int = 3
     ngram_size_m: int = 48  # --spec-ngram-simple-size-m: tokens copied after the match
     draft_model: str | None = None  # -md: the draft model's GGUF (draft-simple)
     p_min: float = 0.0  # --spec-draft-p-min: the draft model stops below this confidence

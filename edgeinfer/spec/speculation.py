@@ -41,9 +41,10 @@ class Speculation:
         """A token was sampled (and is part of the sequence from now)."""
         self.drafter.extend((token,))
 
-    def propose(self, limit: int) -> list[int]:
-        """The next draft: at most limit tokens, [] when not worth checking."""
-        if limit <= 0:
+    def propose(self, limit: int, n_seqs: int = 1) -> list[int]:
+        """The next draft: at most limit tokens, [] when not worth checking in a step that
+        decodes n_seqs sequences."""
+        if limit <= 0 or not self.length.worth(n_seqs):
             return []
         return self.length.usable(self.drafter.draft(min(self.length.k, limit)))
 
