@@ -99,13 +99,16 @@ def mixed_prompts(rng, n: int) -> list[list[int]]:
 
 
 def test_eight_requests_in_one_batch_give_plain_tokens(engines):
+    """Eight at once, of different lengths: while all eight decode the tile of 8 rows is
+    full and nobody drafts; as they finish, some draft into the free rows while others
+    decode plainly in the same forward."""
     rng = np.random.default_rng(0)
     prompts = mixed_prompts(rng, 16)
-    params = replace(GREEDY, n_predict=64)
+    params = [replace(GREEDY, n_predict=8 + 8 * (i % 8)) for i in range(16)]
     plain = tokens(run_together(engines(), prompts, params))
     eng = engines(spec=NGRAM)
     for first in (0, 8):
-        spec = run_together(eng, prompts[first : first + 8], params)
+        spec = run_together(eng, prompts[first : first + 8], params[first : first + 8])
         assert tokens(spec) == plain[first : first + 8]
     drafted = eng.stats.draft_tokens
     assert 0 < eng.stats.draft_accepted < drafted
@@ -114,6 +117,14 @@ def test_eight_requests_in_one_batch_give_plain_tokens(engines):
     assert all(f.timings.get("draft_n_accepted", 0) <= f.timings.get("draft_n", 0)
                for f in finals)
     check_no_leak(eng)
+
+
+def test_a_full_tile_drafts_nothing(engines):
+    rng = np.random.default_rng(5)
+    eng = engines(spec=NGRAM)
+    before = eng.stats.draft_tokens
+    run_together(eng, mixed_prompts(rng, 8), replace(GREEDY, n_predict=24))  # end together
+    assert eng.stats.draft_tokens == before
 
 
 def test_seeded_sampling_gives_plain_tokens(engines):

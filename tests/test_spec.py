@@ -14,6 +14,7 @@ from edgeinfer.generate import Timings, generate_step, stream_generate
 from edgeinfer.sampling import make_sampler
 from edgeinfer.sampling_params import SamplingParams
 from edgeinfer.spec import DraftLength, NgramSimple, SpecParams
+from edgeinfer.tiles import fills_tiles
 
 
 def llama_ngram_simple(tokens: list[int], sampled: int, n: int, m: int) -> list[int]:
@@ -59,6 +60,31 @@ def test_draft_length_adapts():
     assert length.k == 2  # not below n_min, or nothing would be checked again
     assert length.usable([5, 6, 7]) == [5, 6] and length.usable([5]) == []  # under n_min
     assert (length.drafted, length.accepted) == (28, 7)
+
+
+def test_drafts_fill_whole_tiles():
+    """A check of k drafts runs k + 1 rows; the kernels pad rows to tiles of 1, 2, 4, 8 and
+    multiples of 8, so a draft is cut to the longest that pads nothing."""
+    length = DraftLength(n_min=0, n_max=40)
+    for n in range(1, 41):
+        got = len(length.usable(list(range(n))))
+        assert fills_tiles(got + 1) and got <= n
+        assert not any(fills_tiles(k + 1) for k in range(got + 1, n + 1))
+    assert fills_tiles(16) and fills_tiles(24) and not fills_tiles(12)
+    assert len(DraftLength(n_min=5, n_max=16).usable(list(range(6)))) == 5  # n_min first
+
+
+def test_batch_drafts_need_a_high_acceptance():
+    length = DraftLength(n_min=0, n_max=16)
+    assert length.worth(1) and length.worth(8)  # nothing rejected yet
+    for _ in range(4):
+        length.record(8, 1)  # one of two compared tokens kept: rate near 0.5
+    assert length.worth(1) and length.worth(2)  # alone, or nearly: drafting pays
+    assert not length.worth(8)  # in a batch of 8 a plain row costs less per token
+    assert any(length.worth(8) for _ in range(40))  # skipped sequences are tried again
+    for _ in range(6):
+        length.record(8, 8)
+    assert length.worth(8)
 
 
 def test_bad_spec_params_are_refused():

@@ -53,6 +53,7 @@ from edgeinfer.server.options import ServerSettings
 from edgeinfer.server.prefix import common_prefix
 from edgeinfer.server.slots import Slot, Stats
 from edgeinfer.spec.speculation import Speculation
+from edgeinfer.tiles import TILE
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
@@ -249,6 +250,9 @@ class Engine(threading.Thread):
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(n_rows, np.int32)
         self.masks = None  # (n_slots, n_words) int32: the constraints' masks, on first use
+        if opts.spec.enabled:
+            log.info("speculative decoding: %s, drafts of up to %d tokens%s", opts.spec.type,
+                     self.spec_rows - 1, f" from {opts.spec.draft_model}" if self.draft else "")
         log.info("model loaded in %.2f s: %d slots sharing a KV pool of %d cells (%d blocks "
                  "of %d), up to %d a request, flash attention %s", time.perf_counter() - t0,
                  self.n_slots, self.kv.n_cells, self.kv.pool.n_blocks, self.kv.block, tf.n_ctx,
@@ -530,18 +534,22 @@ class Engine(threading.Thread):
     # -- batching ------------------------------------------------------------------------------
     def _draft(self) -> None:
         """Speculating decoders draft the tokens after their next one, as far as the KV
-        pool has room without taking anyone's blocks."""
+        pool has room without taking anyone's blocks. Alone, a sequence drafts as `run`
+        does; in a batch, every row costs compute, so drafts fill only the rows the
+        decoders leave free in the first register tile."""
         n_seqs = sum(slot.decoding for slot in self.slots)
+        spare = None if n_seqs == 1 else max(0, TILE - n_seqs)
         for slot in self.slots:
             slot.draft = []
-            if slot.spec is None or not slot.decoding:
+            if slot.spec is None or not slot.decoding or spare == 0:
                 continue
             limit = self.n_ctx - len(slot.cache) - 1  # cells after the next token's
             if slot.job.params.n_predict >= 0:  # tokens after the next one still wanted
                 limit = min(limit, slot.job.params.n_predict - slot.n_decoded - 1)
-            draft = slot.spec.propose(limit, n_seqs)
+            draft = slot.spec.propose(limit if spare is None else min(limit, spare), n_seqs)
             if draft and self.kv.grow(slot.id, len(slot.cache) + 1 + len(draft)):
                 slot.draft = draft
+                spare = None if spare is None else spare - len(draft)
 
     def _build_batch(self) -> tuple[int, int, list[Slot], list[Slot]] | None:
         """Fill the batch arrays; return (n_tokens, n_logits rows, slots owning the
