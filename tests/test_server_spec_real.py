@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import httpx
 import openai
@@ -92,3 +93,36 @@ def test_a_draft_of_another_vocabulary_is_one_line(real_model):
                          cwd=ROOT)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "cannot draft for this model: vocabulary type spm differs" in run.stderr
+
+
+@pytest.mark.parametrize("filename", ["SmolLM2-135M-Instruct.Q4_1.gguf",
+                                      "gemma-3-270m-q4_k_m.gguf"])
+def test_eight_at_once_on_real_models(real_model, filename):
+    """Both real models, eight prompts of different lengths at once (the batch goes from
+    eight plain rows to drafting ones as they finish): the greedy tokens without
+    speculation."""
+    from test_server_spec import GREEDY, run_together, tokens
+
+    from edgeinfer.api import Model
+    from edgeinfer.server.engine import Engine
+    from edgeinfer.server.options import ServerSettings
+    from edgeinfer.spec import SpecParams
+
+    path = real_model(filename)
+    model = Model.load(path, n_ctx=256, warm_up=False)
+    prompts = [model.tokenize(model.apply_chat_template([{"role": "user", "content": q}]))
+               for q in QUESTIONS * 2]
+    del model
+    params = [replace(GREEDY, n_predict=8 + 6 * i) for i in range(8)]
+    results = []
+    for spec in (SpecParams(), SpecParams("ngram-simple")):
+        eng = Engine(path, ServerSettings(n_slots=8, n_ctx=8192, spec=spec))
+        eng.start()
+        try:
+            assert eng.ready.wait(300)
+            results.append(tokens(run_together(eng, prompts, params)))
+            drafted = eng.stats.draft_tokens
+        finally:
+            eng.stop()
+            eng.join(10)
+    assert results[0] == results[1] and drafted > 0

@@ -164,3 +164,30 @@ def test_sampled_output_distribution_is_unchanged(pair):
     shifted = second_tokens(model, prompts, colder, range(9000, 10500), None)
     assert p_value(plain, specd) > 0.001
     assert p_value(plain, shifted) < 0.001
+
+
+def test_run_speculates_with_the_same_text(pair):
+    """`edgeinfer run` with either drafter prints the plain text and llama.cpp's acceptance
+    line; a draft model of another vocabulary is one line and exit code 1."""
+    from test_cli import edgeinfer
+
+    _, target, draft = pair
+    base = ("run", target, "-p", "abc abc abc", "-n", 24, "--temp", 0, "--raw", "-c", 256,
+            "--local")
+    plain = edgeinfer(*base)
+    assert plain.returncode == 0, plain.stderr
+    for extra in (("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", 1),
+                  ("-md", draft, "--spec-draft-n-max", 3)):
+        out = edgeinfer(*base, *extra)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == plain.stdout
+    assert "draft acceptance rate" in out.stderr  # the draft model always drafts
+
+
+def test_run_refuses_a_draft_of_another_vocabulary(pair, real_model):
+    from test_cli import edgeinfer
+
+    gemma = real_model("gemma-3-270m-q4_k_m.gguf")
+    out = edgeinfer("run", pair[1], "-p", "hi", "-n", 2, "--local", "-md", gemma)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "cannot draft for this model" in out.stderr
