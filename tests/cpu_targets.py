@@ -38,6 +38,25 @@ VNNI_NO_BITALG_TARGET = {
 }
 
 
+# AArch64 CPUs, cross-compiled here (never run): their NUMBA_CPU_FEATURES name what the
+# kernels' paths switch on (target.DOT_PATH): dotprod on Apple M1, Neoverse N1 (Graviton2)
+# and Cortex-A76 (Raspberry Pi 5), not on Cortex-A72 (Raspberry Pi 4).
+ARM_TARGETS = {
+    "apple-m1": {"NUMBA_CPU_NAME": "apple-m1", "NUMBA_CPU_FEATURES": "+neon,+dotprod,+fullfp16"},
+    "neoverse-n1": {"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": "+neon,+dotprod"},
+    "cortex-a76": {"NUMBA_CPU_NAME": "cortex-a76", "NUMBA_CPU_FEATURES": "+neon,+dotprod"},
+    "cortex-a72": {"NUMBA_CPU_NAME": "cortex-a72", "NUMBA_CPU_FEATURES": "+neon"},
+}
+# Run first in a child that compiles for AArch64 on another host: every LLVM target, and
+# the process triple numba's code generator reads (and target.AARCH64) set to AArch64's.
+AARCH64_PRELUDE = """
+import llvmlite.binding as ll
+ll.initialize_all_targets()
+ll.initialize_all_asmprinters()
+ll.get_process_triple = lambda: "aarch64-unknown-linux-gnu"
+"""
+
+
 def target_features(target: dict[str, str]) -> set[str]:
     """Every feature code compiled for `target` (numba's target variables) may use."""
     extra = target.get("NUMBA_CPU_FEATURES", "").split(",")

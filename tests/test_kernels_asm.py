@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cpu_targets import AVX2_TARGET
+from cpu_targets import AARCH64_PRELUDE, ARM_TARGETS, AVX2_TARGET
 
 from edgeinfer.kernels.target import CPU_FEATURES
 
@@ -82,9 +82,10 @@ def signatures(tmp_path_factory: pytest.TempPathFactory) -> str:
     return _child(RECORD, None, tmp_path_factory.mktemp("record"))
 
 
-def compiled_asm(signatures: str, target: dict[str, str] | None, cache: Path) -> dict[str, str]:
+def compiled_asm(signatures: str, target: dict[str, str] | None, cache: Path,
+                 prelude: str = "") -> dict[str, str]:
     """The kernels' assembly for `target`, compiled from `signatures`, never run."""
-    return json.loads(_child(COMPILE, target, cache, stdin=signatures))
+    return json.loads(_child(prelude + COMPILE, target, cache, stdin=signatures))
 
 
 def count(asm: str, mnemonic: str, register: str) -> int:
@@ -130,3 +131,32 @@ def test_host_vnni_target_emits_vpdpbusd_on_zmm(signatures: str, tmp_path: Path)
     assert count(asm["legacy"], r"vfmadd\d+ps", "zmm") > 0
     assert count(asm["kquants"], "vpdpwssd", "zmm") > 0  # the per-16 scales, summed in one
     assert count(asm["kquants"], "vpmaddubsw", "zmm") > 0
+
+
+def arm_count(asm: str, mnemonic: str, arrangement: str = "") -> int:
+    """AArch64 instructions `mnemonic` (with an operand arranged `arrangement`: 4s, 16b)."""
+    return len(re.findall(rf"^\s+{mnemonic}\s+[^\n]*{re.escape(arrangement)}", asm, re.M))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu", sorted(ARM_TARGETS))
+def test_aarch64_targets_emit_dot_products(signatures: str, tmp_path: Path, cpu: str) -> None:
+    """Cross-compiled for AArch64 CPUs: sdot in the legacy kernels where the dot-product
+    extension is, NEON widening multiplies (smull / smlal) where it is not; the k-quants'
+    widening products and the float work in vector registers; no byte-by-byte loads (a
+    scalar decode loop) anywhere in the products."""
+    target = ARM_TARGETS[cpu]
+    asm = compiled_asm(signatures, target, tmp_path, AARCH64_PRELUDE)
+    legacy, kquants = asm["legacy"], asm["kquants"]
+    if "dotprod" in target["NUMBA_CPU_FEATURES"]:
+        assert arm_count(legacy, "sdot", ".4s") > 0
+        assert arm_count(legacy, "smull") == 0
+    else:
+        assert arm_count(legacy, "sdot") == 0
+        assert arm_count(legacy, "smull", ".8h") > 0 and arm_count(legacy, "smlal") > 0
+    assert arm_count(legacy, "fmla", ".4s") > 0  # d_w * d_x * isum + acc, 4 lanes at a time
+    assert arm_count(kquants, "smull2?", ".8h") > 0 or arm_count(kquants, "smull2?", ".4s") > 0
+    for code in (legacy, kquants):
+        assert arm_count(code, "ldrs?b") == 0  # weights and activations in 16-byte loads
+        assert "vpmadd" not in code and "%ymm" not in code  # AArch64 code, not x86's
+    assert arm_count(asm["swiglu"], "fmla", ".4s") >= 5  # expf's polynomial, vectorized

@@ -1,5 +1,5 @@
 """The CPU the kernels are compiled for, read once: its features pick the code paths (VNNI,
-AVX2 or portable integer dots; hardware or software F16 conversions)."""
+AVX2, AArch64 dotprod or portable integer dots; hardware or software F16 conversions)."""
 
 from __future__ import annotations
 
@@ -25,17 +25,28 @@ def host_cpu_name() -> str:
     return llvm_binding.get_host_cpu_name() if name in (None, "host") else name
 
 
+def target_is_aarch64() -> bool:
+    """Whether numba compiles for AArch64 (its target triple: the process's)."""
+    triple = llvm_binding.get_process_triple().lower()
+    return triple.startswith(("aarch64", "arm64")) or \
+        platform.machine().lower() in ("aarch64", "arm64")
+
+
 CPU_FEATURES = host_cpu_features()
 CPU_NAME = host_cpu_name()
+AARCH64 = target_is_aarch64()
 # Half <-> float conversions in hardware: x86 F16C, every AArch64.
-F16_NATIVE = "f16c" in CPU_FEATURES or platform.machine().lower() in ("aarch64", "arm64")
+F16_NATIVE = "f16c" in CPU_FEATURES or AARCH64
 # 512-bit VNNI with byte/word ops: the legacy kernels' 8-block step and, to feed it, the
 # grouped activation layout of actquant (both switch on this one flag).
 AVX512_VNNI = {"avx512vnni", "avx512vl", "avx512bw"} <= CPU_FEATURES
 # The legacy kernels' integer block dot: vpdpbusd (AVX-VNNI / AVX512-VNNI, 32 u8*s8 products
 # into 8 i32 in one instruction); else vpmaddubsw + vpmaddwd (AVX2, llama.cpp's AVX2 path);
-# else portable IR (LLVM picks widening multiplies: NEON smull/sdot...).
-if "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
+# AArch64: sdot where the dot-product extension is (dotprod); else portable IR (LLVM picks
+# widening multiplies: NEON smull/sadalp, SSE).
+if AARCH64:
+    DOT_PATH = "dotprod" if "dotprod" in CPU_FEATURES else "generic"
+elif "avxvnni" in CPU_FEATURES or {"avx512vnni", "avx512vl"} <= CPU_FEATURES:
     DOT_PATH = "vnni"
 elif "avx2" in CPU_FEATURES:
     DOT_PATH = "avx2"
