@@ -77,8 +77,10 @@ def _scaled_dot(
 ) -> ir.Value:
     """acc + sum over 32 values of scale * u * x, as <8 x i32>; scales is <16 x i16> (one per
     pair); acc None: the sum alone."""
-    pairs = ISA.u8s8_pairs(b, u, load(b, xp, xoff, vec(_i8, 32)))
-    return ISA.i16_pairs_add(b, acc, pairs, scales)
+    x = load(b, xp, xoff, vec(_i8, 32))
+    if ISA.scaled_dot is not None:
+        return ISA.scaled_dot(b, acc, u, x, scales)
+    return ISA.i16_pairs_add(b, acc, ISA.u8s8_pairs(b, u, x), scales)
 
 
 def _scales16_per_16(b: ir.IRBuilder, sc16: ir.Value, k: int) -> ir.Value:

@@ -9,7 +9,7 @@ once here by target.DOT_PATH:
 | generic.py | portable widening multiplies (LLVM picks: NEON...) | 1                         |
 
 Each module exports the same names (generic.py has them all, with their contracts):
-u8s8_pairs, i16_pairs, i16_pairs_add, i8_dot for the products; BLOCKS_PER_STEP,
+u8s8_pairs, i16_pairs, i16_pairs_add, i8_dot, scaled_dot for the products; BLOCKS_PER_STEP,
 BIASED_WEIGHTS, STEPS_ADD_MINS, ONE_TAIL_STEP, HEAD_KERNELS, block_dot, bias_correction,
 step_scales, tile_rows and wide_steps for legacy.py's tile; superblock_sums_zmm for
 kquants.py. `ISA` is the chosen module. A new ISA is one more module and one line below (and

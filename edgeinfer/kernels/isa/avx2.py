@@ -63,6 +63,9 @@ def i8_dot(builder, a, b, a_unsigned: bool):
     return _u8s8_dot(builder, abs_a, signed_b)
 
 
+scaled_dot = None  # u8s8_pairs, then i16_pairs_add: vpmaddubsw + vpmaddwd
+
+
 # ---- the legacy kernels' block loop (legacy._Tile; the names are generic.py's)
 
 # The `_1` formats (Q4_1, Q5_1) take 8 blocks per step from the grouped activations in

@@ -50,6 +50,17 @@ def i8_dot(builder, a, b, a_unsigned: bool):
     return shuffle(builder, halves[0], halves[1], list(range(8)))
 
 
+def scaled_dot(builder, acc, u, x, scales):
+    """acc + the k-quants' scaled sums of 32 weights u (below 64) with activations x as
+    <8 x i32>: lane j is scale(j) times products 4j .. 4j+3 (one sdot lane), where scales
+    (<16 x i16>, one per pair of products) hold lane j's scale at pair 2j: the lanes and
+    sums of u8s8_pairs + i16_pairs_add, exactly."""
+    lane_scales = builder.sext(shuffle(builder, scales, scales, list(range(0, 16, 2))),
+                               vec(_I32, 8))
+    part = builder.mul(i8_dot(builder, u, x, True), lane_scales)
+    return part if acc is None else builder.add(acc, part)
+
+
 def block_dot(builder, q, x, corr, unsigned: bool):
     """The exact <8 x i32> dot of a block's weight bytes q with activations x."""
     return i8_dot(builder, q, x, unsigned)

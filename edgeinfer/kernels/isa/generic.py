@@ -53,6 +53,10 @@ def i8_dot(builder, a, b, a_unsigned: bool):
     return builder.add(lo, hi)
 
 
+scaled_dot = None  # acc + sum of scale * u * x over 32 values in one product (dotprod.py);
+# None: kquants takes u8s8_pairs, then i16_pairs_add with the scales
+
+
 # ---- the legacy kernels' block loop (legacy._Tile)
 
 BLOCKS_PER_STEP = 1  # blocks of the block loop's last step kind

@@ -54,6 +54,9 @@ def i16_pairs_add(builder, acc, p, s):
                 builder.bitcast(s, v8))
 
 
+scaled_dot = None  # u8s8_pairs, then i16_pairs_add: vpmaddubsw + vpdpwssd
+
+
 # ---- the legacy kernels' block loop (legacy._Tile; the names are generic.py's)
 
 # Blocks per step of the block loop. With AVX-512 the main loop takes 8 blocks per step
