@@ -5,11 +5,14 @@
 #
 # Builds the root once with debootstrap (reused from ARM_ROOT, default
 # ~/.cache/edgeinfer/arm64-root), installs Python and the package's aarch64 wheels in a venv
-# inside it, copies this tree in, and runs there:
-#   quick: the legacy and k-quant kernel tests against their references, on small shapes,
-#          and the tiny-model forward against the float64 reference (what CI runs);
-#   full:  quick, then `edgeinfer run` on SmolLM2 (greedy), whose text must equal this
-#          host's (x86) text for the same prompt.
+# inside it, copies this tree in, and runs there, for both AArch64 paths (qemu's CPU has
+# every extension; numba's target variables pick the path: cortex-a76 with dotprod, sdot;
+# cortex-a72 without, NEON widening multiplies):
+#   quick: the legacy and k-quant kernel tests against their references on small shapes,
+#          the tiny-model forward against the float64 reference for the dotprod path; then
+#          `edgeinfer run` on SmolLM2 (greedy) on both paths, whose text must equal x86's
+#          portable path's (NUMBA_CPU_NAME=generic here: the same bits by construction);
+#   full:  every kernel and model test on both paths, then SmolLM2 as in quick.
 # Prints one JSON line of timings and counts at the end. Needs root (debootstrap, chroot,
 # mounts) and binfmt_misc, which these machines have.
 set -euo pipefail
@@ -81,29 +84,53 @@ in_root pip install -q -e /src pytest >&2
 T_SETUP=$(date +%s)
 
 # -- the checks ---------------------------------------------------------------------------------
-say "kernel and forward tests under emulation"
-in_root python -c "from edgeinfer.kernels.target import DOT_PATH, CPU_NAME, CPU_FEATURES; \
-print('check_arm: target', CPU_NAME, DOT_PATH, 'dotprod' in CPU_FEATURES)" >&2
-set +e
-in_root sh -c "cd /src && python -m pytest -q -p no:cacheprovider \
-    tests/test_kernels_legacy.py tests/test_kernels_kquants.py tests/test_model.py \
-    -k 'not slow and not real'" > /tmp/check_arm_pytest.log 2>&1
-RC=$?
-set -e
-tail -3 /tmp/check_arm_pytest.log >&2
-SUMMARY=$(tail -1 /tmp/check_arm_pytest.log)
+declare -A FEATURES=([cortex-a76]="+neon,+dotprod" [cortex-a72]="+neon")
+on_target() {  # on_target CPU COMMAND...: in the root, numba compiling for CPU
+    local cpu=$1
+    shift
+    in_root NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="${FEATURES[$cpu]}" \
+        NUMBA_CACHE_DIR="/root/numba-cache-$cpu" "$@"
+}
+if [ "$MODE" = full ]; then
+    TEST_TARGETS=(cortex-a76 cortex-a72)
+    SUBSET="not slow and not real"
+else
+    TEST_TARGETS=(cortex-a76)
+    SUBSET="not slow and not real and ((vs_dequantized and (16x576 or 5x384 or 7x96)) or \
+arbitrary or outliers or forward_matches_reference_f32 or every_batch_size)"
+fi
+RC=0
+SUMMARIES=()
+for cpu in "${TEST_TARGETS[@]}"; do
+    path=$(on_target "$cpu" python -c "from edgeinfer.kernels.isa import ISA; print(ISA.NAME)")
+    say "kernel and forward tests under emulation, $cpu: the $path path"
+    set +e
+    on_target "$cpu" sh -c "cd /src && python -m pytest -q -p no:cacheprovider \
+        tests/test_kernels_legacy.py tests/test_kernels_kquants.py tests/test_model.py \
+        -k '$SUBSET'" > "/tmp/check_arm_pytest_$cpu.log" 2>&1
+    rc=$?
+    set -e
+    [ $rc -eq 0 ] || RC=1
+    tail -3 "/tmp/check_arm_pytest_$cpu.log" >&2
+    SUMMARIES+=("$cpu ($path): $(tail -1 "/tmp/check_arm_pytest_$cpu.log")")
+done
 T_TESTS=$(date +%s)
 SAME=null
-if [ "$MODE" = full ] && [ -e "$MODELS/$SMOLLM2" ]; then
-    say "edgeinfer run on SmolLM2, arm64 against this host"
-    want=$(cd "$REPO" && python -m edgeinfer.cli run "$MODELS/$SMOLLM2" -p "$PROMPT" -n 32 \
-        --temp 0 --local 2>/dev/null)
-    got=$(in_root python -m edgeinfer.cli run "/root/.cache/edgeinfer/models/$SMOLLM2" \
-        -p "$PROMPT" -n 32 --temp 0 --local 2>/dev/null)
-    if [ "$want" = "$got" ]; then SAME=true; else SAME=false; RC=1; fi
-    say "x86:   $want"
-    say "arm64: $got"
+if [ -e "$MODELS/$SMOLLM2" ]; then
+    want=$(cd "$REPO" && NUMBA_CPU_NAME=generic NUMBA_CPU_FEATURES= \
+        NUMBA_CACHE_DIR=$HOME/.cache/edgeinfer/numba-generic python -m edgeinfer.cli run \
+        "$MODELS/$SMOLLM2" -p "$PROMPT" -n 32 --temp 0 --local 2>/dev/null)
+    say "x86, portable path: $want"
+    SAME=true
+    for cpu in cortex-a76 cortex-a72; do
+        got=$(on_target "$cpu" python -m edgeinfer.cli run \
+            "/root/.cache/edgeinfer/models/$SMOLLM2" -p "$PROMPT" -n 32 --temp 0 --local \
+            2>/dev/null)
+        say "arm64 $cpu: $got"
+        [ "$want" = "$got" ] || { SAME=false; RC=1; }
+    done
 fi
+SUMMARY=$(IFS=';'; echo "${SUMMARIES[*]}")
 T_END=$(date +%s)
 printf '{"mode": "%s", "pytest": "%s", "rc": %d, "same_text_as_x86": %s, "root_s": %d, "setup_s": %d, "tests_s": %d, "run_s": %d, "total_s": %d}\n' \
     "$MODE" "$SUMMARY" "$RC" "$SAME" $((T_ROOT - T0)) $((T_SETUP - T_ROOT)) \

@@ -3,12 +3,10 @@ later, Cortex-A76 and later, so the Raspberry Pi 5): 16 i8 x i8 products into 4 
 each lane the sum of 4 consecutive products, in one instruction.
 
 Two sdot on a block's two 16-byte halves give lane k = products 4k .. 4k+3 of the block's 32
-and lane 4 + k = products 16 + 4k .. 16 + 4k+3: the very lanes of the x86 paths (vpmaddubsw
-+ vpmaddwd, vpdpbusd), so the legacy kernels' float accumulation, and with it every logit, is
-the same bits on ARM as on x86 (llama.cpp's own ARM results depend on its build: repacked
-weights, llamafile, i8mm; docs/architecture.md, "AArch64"). The rest of the interface is
-generic.py's: the legacy block loop takes one block per step, the k-quants the portable
-widening products.
+and lane 4 + k = products 16 + 4k .. 16 + 4k+3: the lanes of every other path (vpmaddubsw +
+vpmaddwd, vpdpbusd, generic.py's pair sums). The rest of the interface is generic.py's (one
+legacy block per step), so the logits are the same bits as the portable path's, on ARM or
+x86 (docs/architecture.md, "AArch64", says why not llama.cpp's ARM order).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from edgeinfer.kernels.ir import permute, shuffle, vec
+from edgeinfer.kernels.ir import permute, vec
 
 NAME = "generic"
 _I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -36,21 +36,17 @@ def i16_pairs_add(builder, acc, p, s):
 
 
 def i8_dot(builder, a, b, a_unsigned: bool):
-    """Exact dot of 32 weight bytes a and activations b as <8 x i32> partial sums: sext to
-    i16, even/odd products widened to i32 and added (unsigned weights are below 128 here)."""
-    a16 = builder.sext(a, vec(_I16, 32))
-    b16 = builder.sext(b, vec(_I16, 32))
-    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
-
-    def widened(v, idx):
-        return builder.sext(shuffle(builder, v, v, idx), vec(_I32, 16))
-
-    prod_e = builder.mul(widened(a16, even), widened(b16, even))
-    prod_o = builder.mul(widened(a16, odd), widened(b16, odd))
-    pairs = builder.add(prod_e, prod_o)  # <16 x i32>
-    lo = shuffle(builder, pairs, pairs, list(range(8)))
-    hi = shuffle(builder, pairs, pairs, list(range(8, 16)))
-    return builder.add(lo, hi)
+    """Exact dot of 32 weight bytes a and activations b as <8 x i32> partial sums, lane k
+    the products 4k .. 4k+3 as on every other path (AVX2's vpmaddubsw + vpmaddwd, VNNI,
+    sdot), so the float sums after it are the same bits: i16 products (|a b| <= 16384),
+    adjacent pairs added in i16 (<= 32512), then pairs of pairs in i32. NEON: smull and
+    pairwise adds. Unsigned weights are below 128 here."""
+    p = builder.mul(builder.sext(a, vec(_I16, 32)), builder.sext(b, vec(_I16, 32)))
+    pairs = builder.add(permute(builder, p, list(range(0, 32, 2))),
+                        permute(builder, p, list(range(1, 32, 2))))  # <16 x i16>
+    q = builder.sext(pairs, vec(_I32, 16))
+    return builder.add(permute(builder, q, list(range(0, 16, 2))),
+                       permute(builder, q, list(range(1, 16, 2))))
 
 
 scaled_dot = None  # acc + sum of scale * u * x over 32 values in one product (dotprod.py);
