@@ -129,7 +129,7 @@ def generate_step(model: Model, prompt: Sequence[int], sampler: Sampler,
             draft = speculation.propose(tf.n_ctx - p)
         n = len(draft) + 1  # next_id at p - 1, then the draft
         tokens[0], tokens[1:n] = next_id, draft
-        positions[:n] = np.arange(p - 1, p - 1 + n)
+        np.add(rows[:n], p - 1, out=positions[:n])
         tf.forward(tokens[:n], positions[:n], slots[:n], rows[:n], logits[:n])
 
 

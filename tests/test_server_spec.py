@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from test_server_paged import check_no_leak
+from test_spec import repetitive_prompts
 from tiny_models import Q, write_tiny_model
 
 from edgeinfer.sampling_params import SamplingParams
@@ -90,11 +91,7 @@ def mixed_prompts(rng, n: int) -> list[list[int]]:
         if i % 2:
             out.append(rng.integers(3, 250, int(rng.integers(5, 60))).tolist())
             continue
-        phrases = [rng.integers(3, 250, int(rng.integers(3, 9))).tolist() for _ in range(3)]
-        prompt = []
-        for _ in range(int(rng.integers(3, 7))):
-            prompt += phrases[int(rng.integers(0, 3))]
-        out.append(prompt)
+        out += repetitive_prompts(rng, 1)
     return out
 
 

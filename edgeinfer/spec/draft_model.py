@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.server.prefix import common_prefix
 
 VOCAB_MAX_DIFF = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_FROM = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -74,9 +75,7 @@ class DraftModel:
         """Make slot's cells hold history[:-1] and its logits row follow history."""
         tf = self.model.transformer
         seen = self.seen.setdefault(slot, [])
-        n, most = 0, min(len(seen), len(history) - 1)  # the last token runs for its logits
-        while n < most and seen[n] == history[n]:
-            n += 1
+        n = min(common_prefix(seen, history), len(history) - 1)  # the last runs for logits
         del seen[n:]
         while n < len(history):
             m = min(tf.n_batch, len(history) - n)
