@@ -161,3 +161,45 @@ def test_aarch64_targets_emit_dot_products(signatures: str, tmp_path: Path, cpu:
         assert arm_count(code, "ldrs?b") == 0  # weights and activations in 16-byte loads
         assert "vpmadd" not in code and "%ymm" not in code  # AArch64 code, not x86's
     assert arm_count(asm["swiglu"], "fmla", ".4s") >= 5  # expf's polynomial, vectorized
+
+
+# Compiles the layer loop's other kernels for the target numba's variables name, from the
+# signatures the loop calls them with (native.SIGNATURES); calls nothing.
+COMPILE_LOOP_KERNELS = """
+import json
+from numba import types
+from edgeinfer.kernels import attention, flash, native, ops
+funcs = {"attention_task": (attention.attention_task, "attention_task"),
+         "flash_task": (flash.flash_task, "attention_task"),
+         "store_kv": (attention.store_kv, "store_kv"),
+         "rms_norm": (ops._rms_norm_serial, "rms_norm"),
+         "add_inplace": (ops.add_inplace, "add_inplace"),
+         "swiglu": (ops._swiglu_serial, "swiglu")}
+asm = {}
+for name, (f, kind) in funcs.items():
+    sig = native.SIGNATURES[kind]
+    f.compile(sig)
+    asm[name] = f.inspect_asm(sig)
+print(json.dumps(asm))
+"""
+
+
+@pytest.mark.slow
+def test_aarch64_attention_and_element_wise_kernels_vectorized(tmp_path: Path) -> None:
+    """Cross-compiled for the plainest AArch64 target (Cortex-A72, NEON only): attention's
+    scores and values (plain and flash) in 4-lane FMAs, the F16 cache read and written by
+    the hardware's vector conversions (fcvtl, fcvtn), never a library call per half; the
+    norm, the residual add and SwiGLU in vector registers."""
+    script = AARCH64_PRELUDE + COMPILE_LOOP_KERNELS
+    asm = json.loads(_child(script, ARM_TARGETS["cortex-a72"], tmp_path))
+    for name in ("attention_task", "flash_task"):
+        assert arm_count(asm[name], "fmla", ".4s") >= 64, name  # q.k and p.v, 4 keys at a time
+        assert arm_count(asm[name], "fcvtl2?", ".4s") >= 16, name  # F16 K, V rows to f32
+    assert arm_count(asm["flash_task"], "fcvtn2?", ".4h") > 0  # its F16 value accumulator
+    assert arm_count(asm["store_kv"], "fcvtn2?", ".4h") > 0  # f32 K, V to the F16 cache
+    for code in asm.values():
+        assert not re.search(r"\bbl\s+_*(extendhfsf2|truncsfhf2|gnu_[fh]2[hf])", code)
+        assert "%ymm" not in code
+    assert arm_count(asm["rms_norm"], "fmul", ".4s") > 0
+    assert arm_count(asm["add_inplace"], "fadd", ".4s") > 0
+    assert arm_count(asm["swiglu"], "fmla", ".4s") >= 5

@@ -719,6 +719,18 @@ def store_kv(k, v, slots, tables, positions, k_cache, v_cache):
         p = positions[i]
         blk, row = tables[slots[i], p // bs], p % bs
         for h in range(n_kv):
-            for d in range(hd):
-                k_cache[blk, row, h, d] = f32_to_f16_bits(k[i, h, d])
-                v_cache[blk, row, h, d] = f32_to_f16_bits(v[i, h, d])
+            _store_row(k[i, h], k_cache[blk, row, h : h + 1])
+            _store_row(v[i, h], v_cache[blk, row, h : h + 1])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _store_row(x, dst):
+    """dst[0, :] = x (hd,) as F16 bits; dst (1, hd) a cache row, contiguous in fact, typed so
+    the conversions vectorize (fcvtn / vcvtps2ph)."""
+    if _is_c(dst):
+        row = _as_c(dst)
+        for d in range(x.shape[0]):
+            row[0, d] = f32_to_f16_bits(x[d])
+    else:
+        for d in range(x.shape[0]):
+            dst[0, d] = f32_to_f16_bits(x[d])
