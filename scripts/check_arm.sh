@@ -26,11 +26,16 @@ SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT="Name three colours of the rainbow."
 T0=$(date +%s)
 say() { echo "check_arm: $*" >&2; }
+[ "$(id -u)" = 0 ] || { say "needs root (debootstrap, chroot, mounts): sudo bash $0 $MODE"; exit 1; }
 
 # -- the emulator and the root -----------------------------------------------------------------
 if ! command -v debootstrap >/dev/null || [ ! -e /usr/bin/qemu-aarch64-static ]; then
     say "installing debootstrap and qemu-user-static"
-    apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null 2>&1 || {
+        apt-get update -q >/dev/null
+        apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null
+    }
 fi
 if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
     mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
@@ -40,8 +45,13 @@ if [ ! -x "$ROOT/usr/bin/python3" ] || [ ! -e "$ROOT/.edgeinfer-root-done" ]; th
     say "building the arm64 root in $ROOT (debootstrap under emulation: minutes)"
     rm -rf "$ROOT"
     mkdir -p "$ROOT"
-    debootstrap --arch=arm64 --variant=minbase \
-        --include=python3,python3-venv,ca-certificates bookworm "$ROOT" "$MIRROR" >&2
+    for try in 1 2; do  # a mirror's hiccup: once more from scratch
+        debootstrap --arch=arm64 --variant=minbase \
+            --include=python3,python3-venv,ca-certificates bookworm "$ROOT" "$MIRROR" >&2 \
+            && break
+        [ "$try" = 2 ] && { say "debootstrap failed twice"; exit 1; }
+        rm -rf "$ROOT" && mkdir -p "$ROOT"
+    done
     touch "$ROOT/.edgeinfer-root-done"
 fi
 T_ROOT=$(date +%s)
