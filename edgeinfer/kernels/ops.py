@@ -165,8 +165,9 @@ def swiglu(gate, up, out):
 def _gelu_table() -> np.ndarray:
     """ggml's GELU table (GGML_GELU_FP16): for every F16 input, F16 of the tanh form
     computed in f32, stored as f32 for the lookup."""
-    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # the NaN patterns (ARM flags signalling ones)
+        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        x = x.astype(np.float32)
         inner = np.float32(0.7978845608028654) * x * (1 + np.float32(0.044715) * x * x)
         y = np.float32(0.5) * x * (1 + np.tanh(inner, dtype=np.float32))
     return y.astype(np.float16).astype(np.float32)
