@@ -43,3 +43,19 @@ def test_a_child_target_replaces_an_emulated_hosts_variables(tmp_path: Path, mon
     env = target_env(GENERIC_TARGET, tmp_path)
     assert env["NUMBA_CPU_NAME"] == "generic" and "NUMBA_CPU_FEATURES" not in env
     assert env["NUMBA_CACHE_DIR"] == str(tmp_path)
+
+
+def test_a_host_whose_features_llvm_cannot_read_takes_the_portable_path(monkeypatch) -> None:
+    """LLVM lists host features only on some OSes (it raises elsewhere); numba then compiles
+    with none, and target.py must neither fail at import nor pick a path they lack."""
+    import numba
+
+    from edgeinfer.kernels import target
+
+    def unreadable():
+        raise RuntimeError("failed to get host cpu features.")
+
+    monkeypatch.setattr(target.llvm_binding, "get_host_cpu_features", unreadable)
+    monkeypatch.setattr(numba.config, "CPU_NAME", None)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)
+    assert target.host_cpu_features() == set()

@@ -16,7 +16,11 @@ def host_cpu_features() -> set[str]:
     if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME not in (None, "host"):
         flags = (numba.config.CPU_FEATURES or "").split(",")
         return {flag[1:] for flag in flags if flag.startswith("+")}
-    return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
+    try:
+        features = llvm_binding.get_host_cpu_features()
+    except RuntimeError:  # LLVM reads no feature list on this OS: numba compiles with none
+        return set()
+    return {name for name, on in features.items() if on}
 
 
 def host_cpu_name() -> str:
