@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from cpu_targets import AARCH64_PRELUDE, ARM_TARGETS, AVX2_TARGET  # noqa: E402
+from cpu_targets import AARCH64_PRELUDE, ARM_TARGETS, AVX2_TARGET, target_env  # noqa: E402
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
          "Q5_K", "Q6_K")
@@ -91,11 +91,8 @@ LABEL = re.compile(r"^(\.LBB\w+):")
 
 
 def child(script: str, target: dict | None, prelude: str = "", stdin: str = "") -> str:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
-    env.update(target or {})
-    env.update({"NUMBA_CACHE_DIR": tempfile.mkdtemp(),
-                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])})
+    env = target_env(target or {}, Path(tempfile.mkdtemp()))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     run = subprocess.run([sys.executable, "-c", prelude + script], env=env, input=stdin,
                          capture_output=True, text=True, timeout=1800)
     if run.returncode:
