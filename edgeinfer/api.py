@@ -178,7 +178,7 @@ class Model:
         from edgeinfer.generate import stream_generate
 
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        constraint = self.constraint(grammar, json_schema)
+        constraint = self.compile_constraint(grammar, json_schema)
         sampler = make_sampler(SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
@@ -203,8 +203,10 @@ class Model:
             self._drafts[spec.draft_model] = draft
         return draft
 
-    def constraint(self, grammar: str | None = None, json_schema: dict | str | None = None):
-        """A new sequence's state for `grammar` or `json_schema` (at most one), or None."""
+    def compile_constraint(self, grammar: str | None = None,
+                           json_schema: dict | str | None = None):
+        """`grammar` or `json_schema` (at most one) compiled for this vocabulary
+        (structured.CompiledConstraint, whose `start()` is a sequence's state), or None."""
         if grammar is None and json_schema is None:
             return None
         if grammar is not None and json_schema is not None:
@@ -213,4 +215,9 @@ class Model:
 
         spec = Constraint.from_llama_grammar(grammar) if grammar is not None \
             else Constraint.json_schema(json_schema)
-        return compile_constraint(self.tokenizer, spec).start()
+        return compile_constraint(self.tokenizer, spec)
+
+    def constraint(self, grammar: str | None = None, json_schema: dict | str | None = None):
+        """A new sequence's state for `grammar` or `json_schema` (at most one), or None."""
+        compiled = self.compile_constraint(grammar, json_schema)
+        return None if compiled is None else compiled.start()

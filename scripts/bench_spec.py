@@ -28,19 +28,15 @@ PROMPTS = Path(__file__).with_name("spec_prompts.json")
 
 
 def ours(model, text: str, n: int, spec) -> tuple[list[int], float, int, int]:
-    from edgeinfer.generate import Timings, generate_step
+    from edgeinfer.generate import generate_step, start_decoder
     from edgeinfer.sampling import make_sampler
     from edgeinfer.sampling_params import SamplingParams
 
     ids = model.tokenize(text)
-    timings, out = Timings(), []
-    for token in generate_step(model, ids, make_sampler(SamplingParams(temperature=0)),
-                               timings, spec=spec):
-        if model.tokenizer.is_eog(token):
-            break
-        out.append(token)
-        if len(out) == n:
-            break
+    decoder = start_decoder(model, ids, make_sampler(SamplingParams(temperature=0)), n,
+                            spec=spec)
+    out = [piece.token for piece in generate_step(model, decoder)]
+    timings = decoder.timings
     tps = 1e3 * (timings.predicted_n - 1) / timings.predicted_ms if timings.predicted_ms else 0
     return out, tps, timings.draft_n, timings.draft_n_accepted
 

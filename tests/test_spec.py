@@ -10,7 +10,7 @@ from tiny_models import Q, write_tiny_model
 
 from edgeinfer.api import Model
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.generate import Timings, generate_step, stream_generate
+from edgeinfer.generate import generate_step, start_decoder, stream_generate
 from edgeinfer.sampling import make_sampler
 from edgeinfer.sampling_params import SamplingParams
 from edgeinfer.spec import DraftLength, NgramSimple, SpecParams
@@ -101,15 +101,13 @@ def tiny(tmp_path_factory):
     return Model.load(path, n_ctx=512, warm_up=False)
 
 
-def tokens_of(model, prompt, sampling: SamplingParams, n: int, spec=None, drafter=None):
-    timings = Timings()
-    out = []
-    for token in generate_step(model, prompt, make_sampler(sampling), timings, spec=spec,
-                               drafter=drafter):
-        out.append(token)
-        if len(out) == n:
-            break
-    return out, timings
+def tokens_of(model, prompt, sampling: SamplingParams, n: int, spec=None, drafter=None,
+              ignore_eos: bool = False):
+    bias = tuple((t, float("-inf")) for t in model.tokenizer.eog_ids) if ignore_eos else ()
+    decoder = start_decoder(model, prompt, make_sampler(sampling, bias), n, spec=spec,
+                            drafter=drafter)
+    decoder.ignore_eos = ignore_eos
+    return [out.token for out in generate_step(model, decoder)], decoder.timings
 
 
 NGRAM = SpecParams("ngram-simple", n_max=8, ngram_size_n=2, ngram_size_m=8)
@@ -203,8 +201,8 @@ def test_context_end_with_drafts(tiny):
     model = Model.load(tiny.path, n_ctx=96, warm_up=False)
     greedy = SamplingParams(temperature=0)
     prompt = repetitive_prompts(np.random.default_rng(3), 1)[0]
-    plain, _ = tokens_of(model, prompt, greedy, 1000)
-    spec, _ = tokens_of(model, prompt, greedy, 1000, NGRAM)
+    plain, _ = tokens_of(model, prompt, greedy, 1000, ignore_eos=True)
+    spec, _ = tokens_of(model, prompt, greedy, 1000, NGRAM, ignore_eos=True)
     assert spec == plain and len(plain) == 96 - len(prompt) + 1
 
 

@@ -14,8 +14,9 @@ from scipy.stats import chi2_contingency
 from tiny_models import Q, write_tiny_model
 
 from edgeinfer.api import Model
+from edgeinfer.decoder import SequenceDecoder
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.generate import Timings, generate_step
+from edgeinfer.generate import generate_step, start_decoder
 from edgeinfer.sampling import make_sampler
 from edgeinfer.sampling_params import SamplingParams
 from edgeinfer.spec import SpecParams
@@ -34,12 +35,8 @@ def pair(tmp_path_factory):
 
 
 def run(model, prompt, sampling, n, spec=None):
-    timings, out = Timings(), []
-    for token in generate_step(model, prompt, make_sampler(sampling), timings, spec=spec):
-        out.append(token)
-        if len(out) == n:
-            break
-    return out, timings
+    decoder = start_decoder(model, prompt, make_sampler(sampling), n, spec=spec)
+    return [out.token for out in generate_step(model, decoder)], decoder.timings
 
 
 @pytest.mark.parametrize("sampling", [
@@ -131,14 +128,40 @@ def test_other_vocabulary_is_refused_at_load(real_model):
         smol.draft_model(SpecParams("draft-simple", draft_model=str(gemma)))
 
 
-def second_tokens(model, prompts, sampling, seeds, spec):
-    """The second generated token for each prompt and seed: drawn from a row a draft was
-    checked on whenever the first token was drafted and kept."""
+class Recording(SequenceDecoder):
+    """The real rule; counts the tokens sampled from a row after accepted drafted tokens."""
+
+    after_drafts = 0
+
+    def _choose(self, row, drafted, after):
+        Recording.after_drafts += after > 0
+        return super()._choose(row, drafted, after)
+
+
+class GreedyAfterDrafts(SequenceDecoder):
+    """A biased rule: after an accepted drafted token, the next draft is kept whenever it is
+    the row's most likely token, instead of sampling the row."""
+
+    def _choose(self, row, drafted, after):
+        if after > 0 and drafted is not None and drafted == int(row.argmax()):
+            self.sampler.sample(row, self.recent)  # the same random draws
+            return drafted, None
+        return super()._choose(row, drafted, after)
+
+
+def later_tokens(model, prompts, sampling, seeds, spec, rule=SequenceDecoder):
+    """The third and fourth generated tokens (as (position, token)) for each prompt and
+    seed: with a draft model drafting for itself, often sampled from rows after accepted
+    drafted tokens (the first token comes from the prompt's logits, the second from the row
+    the first draft is checked on)."""
     out = []
     for prompt in prompts:
         for seed in seeds:
             params = SamplingParams(**{**sampling.__dict__, "seed": seed})
-            out.append(run(model, prompt, params, 2, spec)[0][1])
+            decoder = start_decoder(model, prompt, make_sampler(params), 8, spec=spec)
+            decoder.__class__ = rule  # the rule under test, on the same state
+            tokens = [o.token for o in generate_step(model, decoder)]
+            out += [(2, tokens[2]), (3, tokens[3])] if len(tokens) >= 4 else []
     return out
 
 
@@ -151,18 +174,24 @@ def p_value(a, b) -> float:
 
 
 def test_sampled_output_distribution_is_unchanged(pair):
-    """Samples with speculation (the target drafting for itself: first tokens often
-    drafted and kept) and without, from disjoint seeds, pass a chi-square test; the same
-    test tells plain sampling at temperature 1.0 from 0.8, so it can fail."""
+    """Tokens sampled after accepted drafts (the target drafting for itself) follow the
+    plain distribution: samples with speculation and without, from disjoint seeds, pass a
+    chi-square test, while a rule biased only after accepted drafts fails it, and so does
+    plain sampling at temperature 0.8 instead of 1.0."""
     model, target, _ = pair
     sampling = SamplingParams(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0)
     prompts = [[10, 11, 12, 13], [40, 41, 40, 41, 40]]
-    spec = SpecParams("draft-simple", n_max=3, draft_model=target)
-    plain = second_tokens(model, prompts, sampling, range(0, 1500), None)
-    specd = second_tokens(model, prompts, sampling, range(5000, 6500), spec)
+    spec = SpecParams("draft-simple", n_max=3, p_min=0.0, draft_model=target)  # whole drafts
+    plain = later_tokens(model, prompts, sampling, range(0, 1200), None)
+    Recording.after_drafts = 0
+    specd = later_tokens(model, prompts, sampling, range(5000, 6200), spec, Recording)
+    assert Recording.after_drafts > len(specd) // 4  # many came after accepted drafts
+    biased = later_tokens(model, prompts, sampling, range(5000, 6200), spec,
+                          GreedyAfterDrafts)
     colder = SamplingParams(**{**sampling.__dict__, "temperature": 0.8})
-    shifted = second_tokens(model, prompts, colder, range(9000, 10500), None)
+    shifted = later_tokens(model, prompts, colder, range(9000, 10200), None)
     assert p_value(plain, specd) > 0.001
+    assert p_value(plain, biased) < 0.001
     assert p_value(plain, shifted) < 0.001
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeinfer.chat.peg import SPACE_CHARS
+from edgeinfer.kv.prefix import common_prefix
 
 TEXT, MARKER = "text", "marker"
 
@@ -59,15 +60,6 @@ def segmentize(text: str) -> list[Segment]:
 
 def prune_whitespace(segments: list[Segment]) -> list[Segment]:
     return [s for s in segments if trim(s.value)]
-
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _common_suffix_len(a: str, b: str) -> int:
@@ -153,7 +145,7 @@ def diff_split(left: str, right: str) -> DiffSplit:
     text_prefix = R[sides.rs].kind == TEXT and L[sides.ls].kind == TEXT
     rest_left, rest_right = sides.remainders()
     suffix_len = _common_suffix_len(rest_left, rest_right) if text_suffix else 0
-    prefix_len = _common_prefix_len(rest_left[:len(rest_left) - suffix_len],
+    prefix_len = common_prefix(rest_left[:len(rest_left) - suffix_len],
                                     rest_right[:len(rest_right) - suffix_len]) \
         if text_prefix else 0
     result = DiffSplit(

@@ -15,8 +15,8 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
+from edgeinfer.decoder import Timings
 from edgeinfer.errors import EdgeInferError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -154,8 +154,4 @@ def run_remote(base: str, opts) -> None:
     if sys.stdout.isatty():
         sys.stdout.write("\n")
     if not opts.quiet and final is not None and final.get("timings"):
-        t = final["timings"]
-        print_timings(SimpleNamespace(prompt_ms=t.get("prompt_ms", 0.0),
-                                      prompt_n=t.get("prompt_n", 0),
-                                      predicted_ms=t.get("predicted_ms", 0.0),
-                                      predicted_n=t.get("predicted_n", 0)))
+        print_timings(Timings.from_dict(final["timings"]))

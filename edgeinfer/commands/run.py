@@ -49,7 +49,7 @@ def run_command(opts: RunOptions) -> None:
     sampler = make_sampler(opts.sampling)
     model = load_model(opts)
     ids = model.tokenize(build_prompt(model, opts))
-    constraint = model.constraint(opts.grammar, opts.json_schema)
+    constraint = model.compile_constraint(opts.grammar, opts.json_schema)
     event = None
     for event in stream_generate(model, ids, sampler, opts.n_predict, opts.stop,
                                  constraint=constraint, spec=opts.spec):

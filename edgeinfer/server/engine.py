@@ -30,34 +30,25 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from edgeinfer.decoder import Finish, ProbsRequest, SequenceDecoder
 from edgeinfer.errors import ModelFault
-from edgeinfer.generate import StopMatcher
-from edgeinfer.sampling import log_sum_exp, make_sampler, top_logprobs, top_probs
+from edgeinfer.kv.prefix import common_prefix
+from edgeinfer.sampling import make_sampler
 from edgeinfer.server.chat_setup import ServerChat, load_chat
 from edgeinfer.server.errors import ApiError
-from edgeinfer.server.events import (
-    ErrorEvent,
-    FinalEvent,
-    Job,
-    ProgressEvent,
-    TokenEvent,
-    TokenProbs,
-)
+from edgeinfer.server.events import ErrorEvent, FinalEvent, Job, ProgressEvent, TokenEvent
 from edgeinfer.server.kv_slots import ServerKV
 from edgeinfer.server.model_info import ModelInfo, model_info
 from edgeinfer.server.options import ServerSettings
-from edgeinfer.server.prefix import common_prefix
 from edgeinfer.server.slots import Slot, Stats
 from edgeinfer.spec.speculation import Speculation
 from edgeinfer.tiles import TILE
 
 log = logging.getLogger("edgeinfer.server")
 SIMILARITY = 0.10  # llama-server's --slot-prompt-similarity: below it, prefer an LRU slot
-RECENT_MAX = 1024  # tokens kept for repetition penalties
 CANCELLED = ApiError(499, "request cancelled by the client")
 SHUTTING_DOWN = ApiError(503, "The server is shutting down")
 
@@ -201,7 +192,7 @@ class Engine(threading.Thread):
         self.kv_asleep = self.kv_figures()  # /metrics answers with these while asleep
         self.model = self.kv = self.draft = None
         for slot in self.slots:
-            slot.cache, slot.params = [], None
+            slot.cache, slot.params, slot.decoder = [], None, None
         gc.collect()
         log.info("sleeping: the model was unloaded after %g s idle",
                  self.settings.sleep_idle_seconds)
@@ -249,7 +240,6 @@ class Engine(threading.Thread):
         self.batch_tokens, self.batch_pos, self.batch_slots = (
             np.zeros(size, np.int32) for _ in range(3))
         self.batch_rows = np.zeros(n_rows, np.int32)
-        self.masks = None  # (n_slots, n_words) int32: the constraints' masks, on first use
         if opts.spec.enabled:
             log.info("speculative decoding: %s, drafts of up to %d tokens%s", opts.spec.type,
                      self.spec_rows - 1, f" from {opts.spec.draft_model}" if self.draft else "")
@@ -410,15 +400,17 @@ class Engine(threading.Thread):
         slot.target, slot.stalled = prompt, False
         slot.job, slot.task_id, slot.n_cached, slot.params = job, job.id, n_past, params
         slot.n_prompt = len(prompt)
-        slot.next_token, slot.n_decoded, slot.has_new_line = -1, 0, False
-        slot.recent = list(prompt[-RECENT_MAX:])
-        slot.sampler = make_sampler(params.sampling, params.logit_bias)
-        slot.constraint = self._start_constraint(job) if not params.lazy else None
-        slot.lazy_text = ""
-        slot.decoder = self.model.tokenizer.stream_decoder(preserved=params.preserved)
-        slot.matcher = StopMatcher(params.stop)
-        slot.spec, slot.draft = self._speculation(slot, job), []
-        slot.t_start = slot.t_last = time.perf_counter()
+        slot.next_token, slot.has_new_line, slot.draft = -1, False, []
+        slot.t_start = time.perf_counter()
+        probs = ProbsRequest(params.n_probs, params.post_sampling_probs) \
+            if params.logprobs else None
+        slot.decoder = SequenceDecoder(
+            self.model.tokenizer, prompt, make_sampler(params.sampling, params.logit_bias),
+            self.n_ctx, n_predict=params.n_predict, stop=params.stop,
+            constraint=job.constraint, prefill=params.prefill, lazy=params.lazy,
+            speculation=self._speculation(slot, job), probs=probs,
+            preserved=params.preserved, ignore_eos=params.ignore_eos, n_cached=n_past,
+            now=slot.t_start, name=f"task {job.id}")
         log.info("slot %d: task %d, %d prompt tokens, %d cached", slot.id, job.id,
                  len(prompt), n_past)
         self._progress(slot)  # 0 %: what the cache holds
@@ -434,31 +426,14 @@ class Engine(threading.Thread):
                        p_min=_given(params.spec_p_min, spec.p_min))
         return Speculation.start(spec, job.prompt, self.spec_rows, self.draft, slot.id)
 
-    def _start_constraint(self, job: Job, text: str | None = None) -> Any:
-        """The job's constraint at the start of the output, fed its prefill (or, for a lazy
-        one, the generated text from its trigger on) as tokens; None without one, or when
-        the grammar refuses that text (the generation then goes on unconstrained, as
-        llama.cpp drops a grammar it cannot follow)."""
-        if job.constraint is None:
-            return None
-        state = job.constraint.start()
-        text = job.params.prefill if text is None else text
-        if text:
-            ids = self.model.tokenizer.encode(text, add_special=False, parse_special=True)
-            if state.accept_tokens(ids) != len(ids):
-                log.warning("task %d: the grammar refuses %r: %s; generating without it",
-                            job.id, text[:60], state.error)
-                return None
-        return state
-
     def _progress(self, slot: Slot) -> None:
         params = slot.job.params
         if params.stream and params.return_progress:
-            slot.t_last = time.perf_counter()  # the prompt's clock until it is done
-            ms = 1e3 * (slot.t_last - slot.t_start)
-            timings = self._timings(slot) if params.timings_per_token else None
+            decoder = slot.decoder  # the prompt's clock until it is done
+            decoder.prompt_progress(len(slot.cache), time.perf_counter())
+            timings = decoder.timings.as_dict() if params.timings_per_token else None
             slot.job.sink(ProgressEvent(len(slot.job.prompt), slot.n_cached, len(slot.cache),
-                                        ms, slot.id, timings))
+                                        decoder.timings.prompt_ms, slot.id, timings))
 
     # -- KV blocks -----------------------------------------------------------------------------
     def _place(self, slot: Slot, tokens: list[int], n_keep: int, reuse: bool,
@@ -541,12 +516,9 @@ class Engine(threading.Thread):
         spare = None if n_seqs == 1 else max(0, TILE - n_seqs)
         for slot in self.slots:
             slot.draft = []
-            if slot.spec is None or not slot.decoding or spare == 0:
+            if not slot.decoding or spare == 0:
                 continue
-            limit = self.n_ctx - len(slot.cache) - 1  # cells after the next token's
-            if slot.job.params.n_predict >= 0:  # tokens after the next one still wanted
-                limit = min(limit, slot.job.params.n_predict - slot.n_decoded - 1)
-            draft = slot.spec.propose(limit if spare is None else min(limit, spare), n_seqs)
+            draft = slot.decoder.propose(spare, n_seqs)
             if draft and self.kv.grow(slot.id, len(slot.cache) + 1 + len(draft)):
                 slot.draft = draft
                 spare = None if spare is None else spare - len(draft)
@@ -595,161 +567,53 @@ class Engine(threading.Thread):
         return n + 1
 
     # -- after the forward ---------------------------------------------------------------------
-    def _mask(self, slot: Slot) -> np.ndarray:
-        """The slot's constraint's next-token mask, in its row of one preallocated array."""
-        if self.masks is None:
-            from edgeinfer.structured import mask_words
-
-            self.masks = np.zeros((self.n_slots, mask_words(self.model.config.n_vocab)),
-                                  np.int32)
-        slot.constraint.fill_mask(self.masks[slot.id])
-        return self.masks[slot.id]
-
-    def _sample(self, slot: Slot, row: np.ndarray) -> tuple[int, TokenProbs | None]:
-        """The next token, and its probabilities if asked for. A constrained sequence is
-        sampled as llama.cpp's common_sampler_sample does: without the grammar first, and
-        only if the token is not allowed, again with the grammar's mask applied first (the
-        same token as mask-first under greedy, at a fraction of the cost)."""
-        params, sampler, constraint = slot.job.params, slot.sampler, slot.constraint
-        if params.logprobs and params.post_sampling_probs:
-            mask = self._mask(slot) if constraint is not None else None
-            token, ids, dist = sampler.sample_with_probs(row, slot.recent, mask)
-            prob = float(dist[ids == token].sum())
-            return token, TokenProbs(token, prob, top_probs(ids, dist, params.n_probs), True)
-        token = sampler.sample(row, slot.recent)
-        if constraint is not None and not constraint.allows(token):
-            token = sampler.sample(row, slot.recent, self._mask(slot))
-        return token, slot_probs(row, token, params.n_probs) if params.logprobs else None
-
     def _on_logits(self, slot: Slot, rows: np.ndarray, now: float) -> None:
         """rows (1 + len(slot.draft), n_vocab): the logits after slot's next token, then
-        after each drafted token."""
-        job = slot.job
+        after each drafted token; the decoder takes its tokens from them and the cells of a
+        rejected draft are dropped."""
+        job, decoder = slot.job, slot.decoder
         if slot.next_token < 0:  # the prompt has just been processed
-            slot.t_prompt = now
             self.stats.prompt_tokens += len(job.prompt) - slot.n_cached
             self.stats.prompt_cached += slot.n_cached
             self.stats.prompt_seconds += now - slot.t_start
-            if job.params.n_predict == 0:
-                return self._finish(slot, "limit")
-        if slot.draft:
-            return self._verify(slot, rows, now)
-        token, probs = self._sample(slot, rows[0])  # ignore_eos: -inf biases (params.py)
-        self._accept(slot, token, probs, now)
-
-    def _verify(self, slot: Slot, rows: np.ndarray, now: float) -> None:
-        """Sample each row as plain decoding would and keep the draft up to the first token
-        that differs (the rejection rule for a drafted point mass: the same tokens); the
-        cells of the rejected draft are dropped."""
+            decoder.prompt_done(now)
         draft, slot.draft = slot.draft, []
-        cells = slot.cache  # ..., the next token, the draft
-        base = len(cells) - len(draft)
-        accepted = 0
-        for i in range(len(draft) + 1):
-            slot.cache = cells[: base + i]  # the cells row i's logits follow
-            token, probs = self._sample(slot, rows[i])
-            self._accept(slot, token, probs, now)
-            if slot.job is None or i == len(draft) or token != draft[i]:
-                break
-            accepted += 1
-        self.kv.truncate(slot.id, len(slot.cache))
-        slot.spec.record(len(draft), accepted)
-        self.stats.draft_tokens += len(draft)
-        self.stats.draft_accepted += accepted
-        self.stats.n_drafts += 1
+        per_token = job.params.timings_per_token
+        for out in (decoder.step(rows, draft, now) if decoder.finish is None else ()):
+            slot.has_new_line = slot.has_new_line or "\n" in out.text
+            timings = decoder.timings.as_dict() if per_token else None
+            job.sink(TokenEvent(out.text, out.token, decoder.n_decoded, slot.id, out.probs,
+                                timings, slot.n_cached))
+        if draft:  # keep the cells up to the last token taken's: its own is fed next step
+            n_rows = decoder.rows_used
+            slot.cache = slot.cache[: len(slot.cache) - len(draft) - 1 + n_rows]
+            self.kv.truncate(slot.id, len(slot.cache))
+            self.stats.draft_tokens += len(draft)
+            self.stats.draft_accepted += decoder.n_accepted
+            self.stats.n_drafts += 1
+        if decoder.finish is not None:
+            return self._finish(slot, decoder.finish)
+        slot.next_token = decoder.last_token
 
-    def _accept(self, slot: Slot, token: int, probs: TokenProbs | None, now: float) -> None:
-        job, params = slot.job, slot.job.params
-        slot.n_decoded += 1
-        slot.t_last = now
-        slot.recent.append(token)
-        if len(slot.recent) > 2 * RECENT_MAX:
-            del slot.recent[:-RECENT_MAX]
-        if slot.spec is not None:
-            slot.spec.extend(token)
-        constraint = slot.constraint
-        if constraint is not None and not constraint.accept(token):  # cannot happen: masked
-            log.error("slot %d: task %d: the constraint refused token %d: %s", slot.id,
-                      job.id, token, constraint.error)
-            return self._finish(slot, "eos")
-        if self.model.tokenizer.is_eog(token) and not params.ignore_eos:
-            return self._finish(slot, "eos")
-        pending = slot.matcher.pending
-        piece = slot.decoder.feed(token)
-        if params.lazy is not None and constraint is None and job.constraint is not None:
-            self._watch_trigger(slot, piece)
-        text, hit = slot.matcher.feed(piece)
-        slot.has_new_line = slot.has_new_line or "\n" in text
-        timings = self._timings(slot) if params.timings_per_token else None
-        job.sink(TokenEvent(text, token, slot.n_decoded, slot.id, probs, timings,
-                            slot.n_cached))
-        if hit:
-            word = _first_stop(pending + piece, params.stop)
-            return self._finish(slot, "word", word)
-        if constraint is not None and constraint.is_stopped():  # only EOS could follow
-            return self._finish(slot, "eos")
-        if slot.n_decoded == params.n_predict:
-            return self._finish(slot, "limit")
-        if len(slot.cache) >= self.n_ctx:  # no cell left for this token
-            return self._finish(slot, "limit", truncated=True)
-        slot.next_token = token
-
-    def _watch_trigger(self, slot: Slot, piece: str) -> None:
-        """A lazy constraint starts at its trigger: from then on the rest of the output,
-        the trigger included, must follow the grammar."""
-        slot.lazy_text += piece
-        start = slot.job.params.lazy.find(slot.lazy_text)
-        if start is not None:
-            slot.constraint = self._start_constraint(slot.job, slot.lazy_text[start:])
-            if slot.constraint is None:  # refused: never watch again
-                slot.job.constraint = None
-
-    def _finish(self, slot: Slot, stop_type: str, word: str = "",
-                truncated: bool = False) -> None:
-        tail = ""
-        if stop_type != "word":  # release held-back text: a partial character or stop string
-            tail, hit = slot.matcher.feed(slot.decoder.flush())
-            tail += "" if hit else slot.matcher.flush()
-        job = slot.job
+    def _finish(self, slot: Slot, finish: Finish) -> None:
+        job, decoder = slot.job, slot.decoder
         job.sink(FinalEvent(
-            tail, stop_type, word, truncated, slot.id, len(job.prompt), slot.n_cached,
-            slot.n_decoded, len(slot.cache), self._timings(slot)))
+            finish.tail, finish.stop_type, finish.word, finish.truncated, slot.id,
+            len(job.prompt), slot.n_cached, decoder.n_decoded, len(slot.cache),
+            decoder.timings.as_dict()))
         self.stats.requests_done += 1
         self.stats.n_tokens_max = max(self.stats.n_tokens_max, len(slot.cache))
         self._release(slot)
 
-    def _timings(self, slot: Slot) -> dict:
-        """llama-server's timings (server_slot_stats): the generation rate counts decode
-        steps, one fewer than the tokens, as the first comes from the prompt's logits."""
-        n_cached = slot.n_cached
-        prompt_n = (len(slot.job.prompt) if slot.t_prompt else len(slot.cache)) - n_cached
-        prompt_ms = 1e3 * ((slot.t_prompt or slot.t_last) - slot.t_start) if prompt_n else 0.0
-        gen_ms = max(1e-3, 1e3 * (slot.t_last - slot.t_prompt)) if slot.n_decoded else 0.0
-        steps = max(0, slot.n_decoded - 1)
-        timings = {
-            "cache_n": n_cached,
-            "prompt_n": prompt_n,
-            "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_ms > 0 else 0.0,
-            "predicted_n": slot.n_decoded,
-            "predicted_ms": gen_ms,
-            "predicted_per_token_ms": gen_ms / steps if steps else 0.0,
-            "predicted_per_second": 1e3 / gen_ms * steps if gen_ms > 0 else 0.0,
-        }
-        if slot.spec is not None and slot.spec.drafted:
-            timings["draft_n"] = slot.spec.drafted
-            timings["draft_n_accepted"] = slot.spec.accepted
-        return timings
-
     def _release(self, slot: Slot) -> None:
-        if slot.job is not None and slot.n_decoded:
-            self.stats.predicted_tokens += slot.n_decoded
-            self.stats.predicted_steps += slot.n_decoded - 1
-            self.stats.predicted_seconds += max(1e-6, slot.t_last - slot.t_prompt)
+        decoder = slot.decoder
+        if slot.job is not None and decoder is not None and decoder.n_decoded:
+            self.stats.predicted_tokens += decoder.n_decoded
+            self.stats.predicted_steps += decoder.n_decoded - 1
+            self.stats.predicted_seconds += max(1e-6, decoder.t_last - decoder.t_prompt)
         if slot.stalled:  # its cells were given back
             slot.cache, slot.stalled = [], False
-        slot.job, slot.next_token, slot.constraint = None, -1, None
+        slot.job, slot.next_token, slot.decoder = None, -1, None
         slot.last_used = time.perf_counter()
         self.kv.commit(slot.id, slot.cache)  # it keeps its blocks until they are needed
 
@@ -766,19 +630,9 @@ class Engine(threading.Thread):
                 self._fail(slot, error)
 
 
-def slot_probs(row: np.ndarray, token: int, n_probs: int) -> TokenProbs:
-    """The sampled token's log-probability and the top n_probs, before any sampler."""
-    return TokenProbs(token, float(row[token]) - log_sum_exp(row), top_logprobs(row, n_probs))
-
-
 def _given(value, default):
     """A request's value, or the server's where it gave none (-1)."""
     return default if value < 0 else value
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> str:
-    hits = [(text.find(s), s) for s in stops if s and s in text]
-    return min(hits)[1] if hits else ""
 
 
 def _log_note(line: str) -> None:

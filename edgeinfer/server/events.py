@@ -9,16 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from edgeinfer.decoder import TokenProbs
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.params import GenParams
-
-
-@dataclass
-class TokenProbs:
-    token: int
-    logprob: float  # with post_sampling: the probability after the sampling chain
-    top: list[tuple[int, float]]  # (id, logprob or probability), best first
-    post_sampling: bool = False
 
 
 @dataclass
@@ -64,6 +57,7 @@ class ErrorEvent:
 
 
 Sink = Callable[[Any], None]
+__all__ = ["ErrorEvent", "FinalEvent", "Job", "ProgressEvent", "Sink", "TokenEvent", "TokenProbs"]
 
 
 class Job:

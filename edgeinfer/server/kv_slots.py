@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgeinfer.kv import BlockPool, BlockTable, Match, PoolFull, RadixCache
-from edgeinfer.server.prefix import common_prefix
+from edgeinfer.kv.prefix import common_prefix
 from edgeinfer.server.prompt_cache import PromptCache
 
 log = logging.getLogger("edgeinfer.server")

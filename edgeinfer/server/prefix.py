@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from edgeinfer.kv.prefix import common_prefix
+
+__all__ = ["PrefixTree", "common_prefix"]
+
 
 class _Node:
     __slots__ = ("children", "edge", "slots")
@@ -19,15 +23,6 @@ class _Node:
         self.edge = edge  # token ids on the edge leading into this node
         self.children: dict[int, _Node] = {}  # first token of a child's edge -> child
         self.slots: set[int] = set()  # slots whose cached sequence goes through this node
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a and b share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class PrefixTree:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgeinfer import __version__
-from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent, TokenProbs
+from edgeinfer.server.events import FinalEvent, ProgressEvent, TokenEvent, TokenProbs
 from edgeinfer.server.params import DEFAULT_SEED, GenParams
 
 FLOAT_LOWEST = -3.4028234663852886e38  # llama-server sends this instead of -inf

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from edgeinfer.generate import StopMatcher
+from edgeinfer.decoder import SequenceDecoder
 from edgeinfer.server.events import Job
 from edgeinfer.server.params import GenParams
 
@@ -21,22 +20,18 @@ class Slot:
     task_id: int = -1
     params: GenParams | None = None  # the last job's, kept after it ends (for /slots)
     n_prompt: int = 0  # the last job's prompt tokens
-    # per-job state, reset by Engine._start
+    # per-job state, set by Engine._start
     n_cached: int = 0
     next_token: int = -1  # sampled, to be fed at position len(cache); -1 while prefilling
-    n_decoded: int = 0
-    recent: list[int] = field(default_factory=list)
-    sampler: Any = None
-    constraint: Any = None  # the job's SequenceConstraint (edgeinfer.structured), or None
-    lazy_text: str = ""  # the text generated before a lazy constraint's trigger
-    decoder: Any = None
-    spec: Any = None  # the job's speculation (edgeinfer.spec.Speculation), or None
+    decoder: SequenceDecoder | None = None  # sampling, constraint, speculation, text
     draft: list[int] = field(default_factory=list)  # drafted tokens in this step's batch
-    matcher: StopMatcher | None = None
     has_new_line: bool = False
     t_start: float = 0.0
-    t_prompt: float = 0.0
-    t_last: float = 0.0
+
+    @property
+    def n_decoded(self) -> int:
+        decoder = self.decoder
+        return decoder.n_decoded if decoder is not None else 0
 
     @property
     def prefilling(self) -> bool:

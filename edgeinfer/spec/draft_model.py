@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.server.prefix import common_prefix
+from edgeinfer.kv.prefix import common_prefix
 
 VOCAB_MAX_DIFF = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_FROM = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID

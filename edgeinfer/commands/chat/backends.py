@@ -8,37 +8,26 @@ from __future__ import annotations
 import json
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgeinfer.commands.chat.session import ContextFull, Conversation
+from edgeinfer.decoder import Timings
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.kv.prefix import common_prefix
 
 
 @dataclass
 class TurnStats:
-    prompt_n: int = 0  # prompt tokens processed this turn
-    cache_n: int = 0  # prompt tokens reused from the cache
-    prompt_ms: float = 0.0
-    predicted_n: int = 0
-    predicted_ms: float = 0.0
+    timings: Timings = field(default_factory=Timings)  # the turn's, as `run` prints them
     n_ctx: int = 0
     finish: str = ""
 
     def line(self) -> str:
         """The timings line after an answer."""
-        pps = 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms else 0.0
-        tps = 1e3 * self.predicted_n / self.predicted_ms if self.predicted_ms else 0.0
-        return (f"prompt: {self.prompt_n} new tokens, {self.cache_n} cached, {pps:.1f} t/s"
-                f" | answer: {self.predicted_n} tokens, {tps:.1f} t/s")
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+        t = self.timings
+        return (f"prompt: {t.prompt_n} new tokens, {t.cache_n} cached, "
+                f"{t.prompt_per_second:.1f} t/s | answer: {t.predicted_n} tokens, "
+                f"{t.predicted_per_second:.1f} t/s")
 
 
 class LocalChat:
@@ -66,10 +55,7 @@ class LocalChat:
                                  n_past=n_past)
         try:
             for event in events:
-                prefilled, t = True, event.timings
-                self.last.prompt_n, self.last.cache_n = t.prompt_n, t.cache_n
-                self.last.prompt_ms, self.last.predicted_ms = t.prompt_ms, t.predicted_ms
-                self.last.predicted_n = t.predicted_n
+                prefilled, self.last.timings = True, event.timings
                 if event.token is not None:
                     tokens.append(event.token)
                 if event.finish_reason:
@@ -125,12 +111,7 @@ class RemoteChat:
                 if "error" in chunk:
                     raise EdgeInferError(chunk["error"].get("message", "the server failed"))
                 if chunk.get("timings"):
-                    t = chunk["timings"]
-                    self.last.prompt_n, self.last.cache_n = t.get("prompt_n", 0), t.get(
-                        "cache_n", 0)
-                    self.last.prompt_ms = t.get("prompt_ms", 0.0)
-                    self.last.predicted_n = t.get("predicted_n", 0)
-                    self.last.predicted_ms = t.get("predicted_ms", 0.0)
+                    self.last.timings = Timings.from_dict(chunk["timings"])
                 for choice in chunk.get("choices", []):
                     if choice.get("finish_reason"):
                         self.last.finish = choice["finish_reason"]

@@ -255,7 +255,7 @@ def command(text: str, conv: Conversation, backend) -> bool:
             info(conv.set(*words))
     elif name == "/stats":
         last = backend.last
-        used = last.cache_n + last.prompt_n + last.predicted_n
+        used = last.timings.cache_n + last.timings.prompt_n + last.timings.predicted_n
         info(last.line())
         info(f"context: {used} of {last.n_ctx or '?'} tokens; {len(conv.messages)} messages, "
              f"{conv.first} shifted out")
