@@ -49,3 +49,5 @@ def context_exceeded(n_prompt: int, n_ctx: int) -> ApiError:
 LOADING = ApiError(503, "Loading model")
 NOT_FOUND = ApiError(404, "File Not Found")
 BAD_KEY = ApiError(401, "Invalid API Key")
+CANCELLED = ApiError(499, "request cancelled by the client")
+SHUTTING_DOWN = ApiError(503, "The server is shutting down")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from edgeinfer.server.engine import Engine, Stats
+from edgeinfer.server.engine import Engine
+from edgeinfer.server.slots import Stats
 
 COUNTERS = (  # (name, help)
     ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens"),

@@ -21,7 +21,8 @@ from types import FrameType
 
 import uvicorn
 
-from edgeinfer.server.engine import SHUTTING_DOWN, Engine
+from edgeinfer.server.engine import Engine
+from edgeinfer.server.errors import SHUTTING_DOWN
 from edgeinfer.server.security import send_error
 
 log = logging.getLogger("edgeinfer.server")
