@@ -15,9 +15,8 @@ import typer
 
 from edgeinfer import __version__
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling_params import N_PREDICT, SamplingParams
-
-SAMPLING = SamplingParams()  # the sampling flags' defaults
+from edgeinfer.sampling_params import SamplingParams
+from edgeinfer.settings import RUN, SEED_RANDOM, setting
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -25,48 +24,32 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-MODEL_ARG = typer.Argument(None, help="GGUF file or known model name (default: smollm2).")
-THREADS = typer.Option(None, "-t", "--threads", help="Threads (default: physical cores).")
-CTX = typer.Option(0, "-c", "--ctx-size", help="Context size in tokens (0: min(4096, model's)).")
 
-N_PRED = typer.Option(N_PREDICT, "-n", "--n-predict", help="Tokens to generate (-1: until EOS).")
-TEMP = typer.Option(SAMPLING.temperature, "--temp", help="Temperature (0: greedy).")
-TOP_K = typer.Option(SAMPLING.top_k, "--top-k")
-TOP_P = typer.Option(SAMPLING.top_p, "--top-p")
-MIN_P = typer.Option(SAMPLING.min_p, "--min-p")
-REPEAT_PENALTY = typer.Option(SAMPLING.repeat_penalty, "--repeat-penalty")
-REPEAT_LAST_N = typer.Option(SAMPLING.repeat_last_n, "--repeat-last-n")
-PRESENCE_PENALTY = typer.Option(SAMPLING.presence_penalty, "--presence-penalty")
-FREQUENCY_PENALTY = typer.Option(SAMPLING.frequency_penalty, "--frequency-penalty")
-SEED = typer.Option(-1, "-s", "--seed", help="RNG seed (-1: random).")  # -1: SAMPLING.seed
-HOST = typer.Option(None, "--host", metavar="URL",
-                    help="Use the edgeinfer server at URL (default: $EDGEINFER_HOST, else "
-                         "127.0.0.1:8080 when one answers there and serves MODEL).")
-LOCAL = typer.Option(False, "--local", help="Load the model here even when a server is running.")
-SYSTEM = typer.Option(None, "--system", help="System message (chat mode).")
-QUIET = typer.Option(False, "-q", "--quiet", help="No progress or timings on stderr.")
+def opt(name: str, check_choices: bool = True):
+    """The typer parameter of the setting `name`: its spellings, default, help and choices
+    from the one table (settings.py). check_choices False leaves a bad value to the code
+    that names it in one line (--spec-type: SpecParams)."""
+    s = setting(name)
+    if not s.flags:
+        return typer.Argument(s.default, help=s.help_for(RUN))
+    # a metavar where the type alone does not say what the value is (URL, N|all|auto)
+    extra = {"metavar": s.metavar} if s.type is str and s.metavar else {}
+    if s.choices and check_choices:  # the annotation is choices_enum(name)
+        extra["case_sensitive"] = False
+    default = list(s.default) if s.type is list else s.default
+    return typer.Option(default, *s.flags, help=s.help_for(RUN), **extra)
 
 
-class FlashAttn(str, Enum):
-    on = "on"
-    off = "off"
-    auto = "auto"
+def choices_enum(name: str) -> type[Enum]:
+    """An Enum of a setting's choices, the annotation through which typer checks them."""
+    return Enum(name, [(c, c) for c in setting(name).choices], type=str)
 
 
-FLASH = typer.Option(
-    FlashAttn.off, "-fa", "--flash-attn", case_sensitive=False,
-    help="Flash attention (online softmax) with llama.cpp's -fa on numerics; "
-         "auto: off, the faster path here for decode, and llama.cpp's -fa off numerics.")
+FlashAttn = choices_enum("flash_attn")
 
 
-GPU_LAYERS = typer.Option(
-    "0", "-ngl", "--gpu-layers", "--n-gpu-layers", metavar="N|all|auto",
-    help="Layers to offload to a CUDA GPU (the `cuda` extra): the last N, N = n_layer + 1 "
-         "with the output layer, all, or auto (as many as fit).")
-
-
-def _flash(value: FlashAttn) -> bool:
-    return value == FlashAttn.on
+def _flash(value: str) -> bool:
+    return value == "on"
 
 
 def _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
@@ -76,7 +59,7 @@ def _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence
         temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        seed=None if seed < 0 else seed)
+        seed=None if seed <= SEED_RANDOM else seed)
 
 
 def _version(value: bool) -> None:
@@ -95,57 +78,40 @@ def main_options(
 
 @app.command()
 def run(
-    model: str | None = MODEL_ARG,
-    prompt: str | None = typer.Option(None, "-p", "--prompt", help="Prompt text."),
-    file: Path | None = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
-    n_predict: int = N_PRED,
-    temp: float = TEMP,
-    top_k: int = TOP_K,
-    top_p: float = TOP_P,
-    min_p: float = MIN_P,
-    repeat_penalty: float = REPEAT_PENALTY,
-    repeat_last_n: int = REPEAT_LAST_N,
-    presence_penalty: float = PRESENCE_PENALTY,
-    frequency_penalty: float = FREQUENCY_PENALTY,
-    seed: int = SEED,
-    threads: int | None = THREADS,
-    ctx_size: int = CTX,
-    flash_attn: FlashAttn = FLASH,
-    gpu_layers: str = GPU_LAYERS,
-    host: str | None = HOST,
-    local: bool = LOCAL,
-    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without chat template."),
-    system: str | None = SYSTEM,
-    stop: list[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
-    quiet: bool = QUIET,
-    grammar: str | None = typer.Option(None, "--grammar",
-                                       help="Constrain the output: GBNF (or Lark after "
-                                            "%llguidance)."),
-    grammar_file: Path | None = typer.Option(None, "--grammar-file",
-                                             help="Read the grammar from a file."),
-    json_schema: str | None = typer.Option(None, "-j", "--json-schema",
-                                           help="Constrain the output to this JSON schema."),
-    json_schema_file: Path | None = typer.Option(None, "--json-schema-file",
-                                                 help="Read the JSON schema from a file."),
-    spec_type: str = typer.Option("none", "--spec-type",
-                                  help="Speculative decoding: none, ngram-simple (drafts "
-                                       "copied from the context) or draft-simple (drafts "
-                                       "from -md); the same output."),
-    model_draft: Path | None = typer.Option(None, "--spec-draft-model", "-md",
-                                            "--model-draft",
-                                            help="A smaller model of the same vocabulary "
-                                                 "drafts (draft-simple)."),
-    spec_p_min: float = typer.Option(0.0, "--spec-draft-p-min", "--draft-p-min",
-                                     help="draft-simple: stop drafting below this "
-                                          "probability."),
-    spec_n_max: int = typer.Option(16, "--spec-draft-n-max",
-                                   help="Most tokens drafted a step."),
-    spec_n_min: int = typer.Option(0, "--spec-draft-n-min",
-                                   help="Shorter drafts are not checked."),
-    ngram_n: int = typer.Option(3, "--spec-ngram-simple-size-n",
-                                help="ngram-simple: tokens matched in the context."),
-    ngram_m: int = typer.Option(48, "--spec-ngram-simple-size-m",
-                                help="ngram-simple: tokens drafted after a match."),
+    model: str | None = opt("model"),
+    prompt: str | None = opt("prompt"),
+    file: Path | None = opt("file"),
+    n_predict: int = opt("n_predict"),
+    temp: float = opt("temp"),
+    top_k: int = opt("top_k"),
+    top_p: float = opt("top_p"),
+    min_p: float = opt("min_p"),
+    repeat_penalty: float = opt("repeat_penalty"),
+    repeat_last_n: int = opt("repeat_last_n"),
+    presence_penalty: float = opt("presence_penalty"),
+    frequency_penalty: float = opt("frequency_penalty"),
+    seed: int = opt("seed"),
+    threads: int | None = opt("threads"),
+    ctx_size: int = opt("ctx_size"),
+    flash_attn: FlashAttn = opt("flash_attn"),
+    gpu_layers: str = opt("gpu_layers"),
+    remote_host: str | None = opt("remote_host"),
+    local: bool = opt("local"),
+    raw: bool = opt("raw"),
+    system: str | None = opt("system"),
+    stop: list[str] = opt("stop"),
+    quiet: bool = opt("quiet"),
+    grammar: str | None = opt("grammar"),
+    grammar_file: Path | None = opt("grammar_file"),
+    json_schema: str | None = opt("json_schema"),
+    json_schema_file: Path | None = opt("json_schema_file"),
+    spec_type: str = opt("spec_type", check_choices=False),
+    model_draft: Path | None = opt("model_draft"),
+    spec_draft_p_min: float = opt("spec_draft_p_min"),
+    spec_draft_n_max: int = opt("spec_draft_n_max"),
+    spec_draft_n_min: int = opt("spec_draft_n_min"),
+    spec_ngram_simple_size_n: int = opt("spec_ngram_simple_size_n"),
+    spec_ngram_simple_size_m: int = opt("spec_ngram_simple_size_m"),
 ) -> None:
     """Generate text from a prompt, streamed to stdout (timings go to stderr); with no
     prompt on a terminal, a chat (as `edgeinfer chat`)."""
@@ -160,13 +126,15 @@ def run(
 
         sampling = _sampling(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                              presence_penalty, frequency_penalty, seed)
-        spec = spec_params(spec_type, model_draft, n_max=spec_n_max, n_min=spec_n_min,
-                           ngram_size_n=ngram_n, ngram_size_m=ngram_m, p_min=spec_p_min)
+        spec = spec_params(spec_type, model_draft, n_max=spec_draft_n_max,
+                           n_min=spec_draft_n_min, ngram_size_n=spec_ngram_simple_size_n,
+                           ngram_size_m=spec_ngram_simple_size_m, p_min=spec_draft_p_min)
         opts = RunOptions(
             model=model, prompt=text, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, raw=raw, system=system, stop=tuple(stop), quiet=quiet,
             flash_attn=_flash(flash_attn), grammar=grammar, json_schema=json_schema,
-            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local, spec=spec)
+            gpu_layers=parse_gpu_layers(gpu_layers), host=remote_host, local=local,
+            spec=spec)
         if text is None and sys.stdin.isatty():  # no prompt on a terminal: chat (ollama run)
             from edgeinfer.commands.chat.repl import chat_command
 
@@ -179,25 +147,25 @@ def run(
 
 @app.command()
 def chat(
-    model: str | None = MODEL_ARG,
-    system: str | None = SYSTEM,
-    n_predict: int = N_PRED,
-    temp: float = TEMP,
-    top_k: int = TOP_K,
-    top_p: float = TOP_P,
-    min_p: float = MIN_P,
-    repeat_penalty: float = REPEAT_PENALTY,
-    repeat_last_n: int = REPEAT_LAST_N,
-    presence_penalty: float = PRESENCE_PENALTY,
-    frequency_penalty: float = FREQUENCY_PENALTY,
-    seed: int = SEED,
-    threads: int | None = THREADS,
-    ctx_size: int = CTX,
-    flash_attn: FlashAttn = FLASH,
-    gpu_layers: str = GPU_LAYERS,
-    host: str | None = HOST,
-    local: bool = LOCAL,
-    quiet: bool = QUIET,
+    model: str | None = opt("model"),
+    system: str | None = opt("system"),
+    n_predict: int = opt("n_predict"),
+    temp: float = opt("temp"),
+    top_k: int = opt("top_k"),
+    top_p: float = opt("top_p"),
+    min_p: float = opt("min_p"),
+    repeat_penalty: float = opt("repeat_penalty"),
+    repeat_last_n: int = opt("repeat_last_n"),
+    presence_penalty: float = opt("presence_penalty"),
+    frequency_penalty: float = opt("frequency_penalty"),
+    seed: int = opt("seed"),
+    threads: int | None = opt("threads"),
+    ctx_size: int = opt("ctx_size"),
+    flash_attn: FlashAttn = opt("flash_attn"),
+    gpu_layers: str = opt("gpu_layers"),
+    remote_host: str | None = opt("remote_host"),
+    local: bool = opt("local"),
+    quiet: bool = opt("quiet"),
 ) -> None:
     """Chat with a model in the terminal (/help lists the commands); through a running
     server when there is one. Answers go to stdout, everything else to stderr."""
@@ -212,7 +180,7 @@ def chat(
         chat_command(RunOptions(
             model=model, prompt=None, sampling=sampling, n_predict=n_predict, threads=threads,
             n_ctx=ctx_size, system=system, quiet=quiet, flash_attn=_flash(flash_attn),
-            gpu_layers=parse_gpu_layers(gpu_layers), host=host, local=local))
+            gpu_layers=parse_gpu_layers(gpu_layers), host=remote_host, local=local))
 
     _guard(start)
 
@@ -227,8 +195,8 @@ def pull(name: str = typer.Argument(..., help="Known model name: smollm2, gemma3
 
 @app.command()
 def info(
-    model: str | None = MODEL_ARG,
-    ctx_size: int = CTX,
+    model: str | None = opt("model"),
+    ctx_size: int = opt("ctx_size"),
 ) -> None:
     """Show a model's architecture, sizes, tensor types, tokenizer, memory needs and the
     CUDA devices (how many of its layers fit each)."""
@@ -239,17 +207,16 @@ def info(
 
 @app.command()
 def bench(
-    model: str | None = MODEL_ARG,
-    n_prompt: int = typer.Option(512, "-p", "--n-prompt", help="Prompt tokens (pp test)."),
-    n_gen: int = typer.Option(128, "-n", "--n-gen", help="Generated tokens (tg test)."),
-    threads: int | None = THREADS,
-    reps: int = typer.Option(5, "-r", "--repetitions"),
-    n_depth: int = typer.Option(0, "-d", "--n-depth",
-                                help="Tokens already in the context before each test."),
-    ctx_size: int = CTX,
-    flash_attn: FlashAttn = FLASH,
-    gpu_layers: str = GPU_LAYERS,
-    as_json: bool = typer.Option(False, "--json", help="llama-bench's JSON rows on stdout."),
+    model: str | None = opt("model"),
+    n_prompt: int = opt("n_prompt"),
+    n_gen: int = opt("n_gen"),
+    threads: int | None = opt("threads"),
+    reps: int = opt("reps"),
+    n_depth: int = opt("n_depth"),
+    ctx_size: int = opt("ctx_size"),
+    flash_attn: FlashAttn = opt("flash_attn"),
+    gpu_layers: str = opt("gpu_layers"),
+    as_json: bool = opt("as_json"),
 ) -> None:
     """Measure prompt processing and generation speed, like llama-bench."""
     from edgeinfer.commands.bench import bench_command

@@ -86,7 +86,28 @@ def test_decode_and_batched_slots_on_the_device(tiny):
     assert tf.device.launches == 5 * per_step  # five forwards, one logits row each
 
 
-def test_prompt_cache_copies_device_cells(tiny):
+def fill_with_noise(kv, slot: int, rng) -> None:
+    """Random finite float16 values in every cell of slot's blocks, host and device."""
+    dev = kv.device
+    for b in kv.tables[slot]:
+        for host in (kv.k, kv.v):
+            noise = rng.standard_normal(host[:, b].shape).astype(np.float16)
+            host[:, b] = noise.view(np.uint16)
+        for cache in (dev.k, dev.v):
+            cache[b].copy_to_device(rng.standard_normal(cache[b].shape).astype(np.float16))
+
+
+def assert_cells_equal(got, want) -> None:
+    """Two `read` copies: host K and V, device K and V."""
+    for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("restore", ["write", "copy_prefix"])
+def test_prompt_cache_copies_device_cells(tiny, restore):
+    """A saved prompt written back (write) or a prefix shared from another slot
+    (copy_prefix) puts slot 0's K and V cells into slot 1, on the host and the device: slot 1
+    holds noise before, so only a real copy of both passes."""
     path = tiny("llama", Q.Q8_0)
     model = Model.load(path, n_ctx=32, n_slots=2, gpu_layers=1)
     kv = model.transformer.kv_cache
@@ -94,13 +115,15 @@ def test_prompt_cache_copies_device_cells(tiny):
     saved = kv.read(0, 4)
     assert kv.slot_bytes(4) == sum(a.nbytes for a in saved[:2]) + sum(
         a.nbytes for a in saved[2])
-    kv.write(1, saved, 4)
-    dev = kv.device
-    np.testing.assert_array_equal(dev.k[1].copy_to_host()[:, :, :4],
-                                  dev.k[0].copy_to_host()[:, :, :4])
-    kv.copy_prefix(0, 1, 4)
-    np.testing.assert_array_equal(dev.v[1].copy_to_host()[:, :, :4],
-                                  dev.v[0].copy_to_host()[:, :, :4])
+    fill_with_noise(kv, 1, np.random.default_rng(0))
+    before = kv.read(1, 4)
+    for a, b in zip((*before[:2], *before[2]), (*saved[:2], *saved[2])):
+        assert (a != b).any()
+    if restore == "write":
+        kv.write(1, saved, 4)
+    else:
+        kv.copy_prefix(0, 1, 4)
+    assert_cells_equal(kv.read(1, 4), saved)
 
 
 def test_parse_gpu_layers():

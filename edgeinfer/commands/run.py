@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from edgeinfer.cuda.placement import parse_gpu_layers
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling_params import N_PREDICT, SamplingParams
+from edgeinfer.sampling_params import SamplingParams
+from edgeinfer.settings import DEFAULTS as _D
 from edgeinfer.spec.params import SpecParams
 
 
@@ -15,19 +17,19 @@ class RunOptions:
     model: str | None
     prompt: str | None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    n_predict: int = N_PREDICT
-    threads: int | None = None
-    n_ctx: int = 0
-    raw: bool = False
-    system: str | None = None
-    stop: tuple[str, ...] = ()
-    quiet: bool = False
-    flash_attn: bool = False
-    grammar: str | None = None  # GBNF, or Lark after %llguidance
-    json_schema: str | None = None  # a JSON schema's text
-    gpu_layers: int | str = 0  # -ngl: a count, "all" or "auto"
-    host: str | None = None  # a running server to use (commands/remote.py)
-    local: bool = False  # never use a running server
+    n_predict: int = _D["n_predict"]  # the defaults are the flags' (settings.py)
+    threads: int | None = _D["threads"]
+    n_ctx: int = _D["ctx_size"]
+    raw: bool = _D["raw"]
+    system: str | None = _D["system"]
+    stop: tuple[str, ...] = _D["stop"]
+    quiet: bool = _D["quiet"]
+    flash_attn: bool = _D["flash_attn"] == "on"
+    grammar: str | None = _D["grammar"]  # GBNF, or Lark after %llguidance
+    json_schema: str | None = _D["json_schema"]  # a JSON schema's text
+    gpu_layers: int | str = parse_gpu_layers(_D["gpu_layers"])  # -ngl: a count, "all" or "auto"
+    host: str | None = _D["remote_host"]  # a running server to use (commands/remote.py)
+    local: bool = _D["local"]  # never use a running server
     spec: SpecParams = field(default_factory=SpecParams)  # speculative decoding
 
 

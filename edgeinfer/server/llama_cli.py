@@ -2,7 +2,8 @@
 
 Scripts (and llama.cpp's own server tests, through LLAMA_SERVER_BIN_PATH) that start
 `llama-server` can start `edgeinfer-server` with the same flags. Each flag is one row of
-FLAGS (names and value as common/arg.cpp spells them):
+FLAGS (names and value as common/arg.cpp spells them); the ones edgeinfer has come from the
+settings table (settings.py: each setting's `llama` spellings):
 
 - `serve` names the `edgeinfer serve` option it becomes; some values are translated, as
   llama-server means them (`-c` is the context of all slots together, `-fa` takes
@@ -21,6 +22,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from edgeinfer.settings import SERVE, SETTINGS
+
 PROG = "edgeinfer-server"
 
 
@@ -36,56 +39,34 @@ class Flag:
     help: str = ""
 
 
+# What edgeinfer-server says of a flag where it means more than `edgeinfer serve`'s help.
+NOTES = {
+    "ctx_size": "all slots together: split across -np as llama-server does",
+    "parallel": "slots (-1: auto, 4)",
+    "models_dir": "router mode (no -m): every GGUF file in PATH, loaded on demand",
+    "gpu_layers": "layers on a CUDA GPU (the cuda extra); without one, the CPU",
+    "cache_ram": "MiB (-1: no limit, 0: off)",
+}
+
+
+def _forwarded() -> tuple[Flag, ...]:
+    """-m, and each setting llama-server has, under its spellings there (settings.py); a
+    switch's --no- spellings are a row of their own."""
+    rows = [Flag(("-m", "--model"), "FNAME", "MODEL", help="GGUF file to serve")]
+    for s in (s for s in SETTINGS if s.llama):
+        value = None if s.switch else s.metavar or "VALUE"
+        rows.append(Flag(tuple(n for n in s.llama if n not in s.off), value, s.long,
+                         help=NOTES.get(s.name, s.help_for(SERVE))))
+        off = tuple(n for n in s.llama if n in s.off)
+        if off:
+            rows.append(Flag(off, None, s.off[0], help=f"the opposite of {s.long}"))
+    return tuple(rows)
+
+
 def _flags() -> tuple[Flag, ...]:
     f = Flag
     return (
-        f(("-m", "--model"), "FNAME", "MODEL", help="GGUF file to serve"),
-        f(("--host",), "HOST", "--host", help="address(es) to listen on, comma-separated"),
-        f(("--port",), "PORT", "--port"),
-        f(("-c", "--ctx-size"), "N", "--ctx-size",
-          help="all slots together: split across -np as llama-server does"),
-        f(("-np", "--parallel"), "N", "--parallel", help="slots (-1: auto, 4)"),
-        f(("-b", "--batch-size"), "N", "--batch-size"),
-        f(("-t", "--threads"), "N", "--threads"),
-        f(("-fa", "--flash-attn"), "on|off|auto", "--flash-attn"),
-        f(("--models-dir",), "PATH", "--models-dir",
-          help="router mode (no -m): every GGUF file in PATH, loaded on demand"),
-        f(("--models-max",), "N", "--models-max"),
-        f(("-ngl", "--gpu-layers", "--n-gpu-layers"), "N|all|auto", "--gpu-layers",
-          help="layers on a CUDA GPU (the cuda extra); without one, the CPU"),
-        f(("--api-key",), "KEY", "--api-key"),
-        f(("--metrics",), None, "--metrics"),
-        f(("--no-slots",), None, "--no-slots"),
-        f(("--no-ui", "--no-webui"), None, "--no-ui", help="no chat page at /"),
-        f(("-a", "--alias"), "STRING", "--alias", help="the model's names, comma-separated"),
-        f(("--tags",), "STRING", "--tags"),
-        f(("-cram", "--cache-ram"), "N", "--cache-ram", help="MiB (-1: no limit, 0: off)"),
-        f(("-kvu", "--kv-unified"), None, "--kv-unified"),
-        f(("--kv-unified-per-slot",), "N", "--kv-unified-per-slot"),
-        f(("--no-cache-idle-slots",), None, "--no-cache-idle-slots"),
-        f(("--cors-origins",), "ORIGINS", "--cors-origins"),
-        f(("--sleep-idle-seconds",), "SECONDS", "--sleep-idle-seconds"),
-        f(("-v", "--verbose", "--log-verbose"), None, "--verbose"),
-        f(("-s", "--seed"), "SEED", "--seed"),
-        f(("--temp", "--temperature"), "N", "--temp"),
-        f(("--top-k",), "N", "--top-k"), f(("--top-p",), "N", "--top-p"),
-        f(("--min-p",), "N", "--min-p"), f(("--repeat-penalty",), "N", "--repeat-penalty"),
-        f(("--repeat-last-n",), "N", "--repeat-last-n"),
-        f(("--presence-penalty",), "N", "--presence-penalty"),
-        f(("--frequency-penalty",), "N", "--frequency-penalty"),
-        f(("-n", "--predict", "--n-predict"), "N", "--n-predict"),
-        f(("--spec-draft-model", "-md", "--model-draft"), "FNAME", "--spec-draft-model"),
-        f(("--spec-type",), "TYPE", "--spec-type"),
-        f(("--spec-draft-n-max",), "N", "--spec-draft-n-max"),
-        f(("--spec-draft-n-min",), "N", "--spec-draft-n-min"),
-        f(("--spec-draft-p-min", "--draft-p-min"), "P", "--spec-draft-p-min"),
-        f(("--spec-ngram-simple-size-n",), "N", "--spec-ngram-simple-size-n"),
-        f(("--spec-ngram-simple-size-m",), "N", "--spec-ngram-simple-size-m"),
-        f(("--jinja",), None, "--jinja"), f(("--no-jinja",), None, "--no-jinja"),
-        f(("--chat-template",), "JINJA_TEMPLATE", "--chat-template"),
-        f(("--chat-template-file",), "JINJA_TEMPLATE_FILE", "--chat-template-file"),
-        f(("--reasoning-format",), "FORMAT", "--reasoning-format"),
-        f(("-rea", "--reasoning"), "on|off|auto", "--reasoning"),
+        *_forwarded(),
         # Already so here.
         f(("--offline",), same=True, help="edgeinfer never downloads a model"),
         f(("-cb", "--cont-batching"), same=True, help="always on"),
