@@ -300,12 +300,15 @@ def poisoned(tmp_path_factory):
     return path
 
 
-def test_nan_logits_api_and_cli(poisoned):
+def test_nan_logits_api_and_cli(poisoned, tmp_path):
     from edgeinfer.api import Model
     from edgeinfer.errors import ModelFault
 
     model = Model.load(poisoned, n_ctx=64)
-    assert "".join(model.generate("hello", max_tokens=3, temperature=0)) is not None
+    # a prompt that never reads the poisoned row decodes as the clean file does
+    clean = Model.load(write_tiny_model(tmp_path / "clean.gguf", tied=False), n_ctx=64)
+    expected = list(clean.generate("hello", max_tokens=3, temperature=0))
+    assert expected and list(model.generate("hello", max_tokens=3, temperature=0)) == expected
     with pytest.raises(ModelFault, match="NaN logits"):
         list(model.generate("hi!", max_tokens=3, temperature=0))
     proc = cli("run", poisoned, "-p", "hi!", "--raw", "-n", "4", "-q", timeout=300)
