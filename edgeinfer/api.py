@@ -25,6 +25,7 @@ class Model:
         self.transformer, self.chat_template = transformer, chat_template
         self.chat_template_tool_use = chat_template_tool_use
         self._drafts: dict = {}  # draft model path -> spec.draft_model.DraftModel
+        self._chat = None  # chat.model_chat.ModelChat, built on first use
 
     @classmethod
     def load(cls, path: str | Path, n_ctx: int = 0, threads: int | None = None,
@@ -128,18 +129,26 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
+    @property
+    def chat(self):
+        """The model's chat-prompt path (chat.model_chat.ModelChat), built on first use with
+        the settings table's defaults, as `edgeinfer serve` builds its own."""
+        if self._chat is None:
+            from edgeinfer.chat.model_chat import load_chat
+
+            self._chat = load_chat(self)
+        return self._chat
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **extra) -> str:
-        """Render messages with the model's template (ChatML when it has none), minus a
-        leading BOS that tokenization adds again (llama.cpp common/chat.cpp)."""
-        from edgeinfer.chat import render_chat
-
-        tok = self.tokenizer
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        return render_chat(self.chat_template, messages,
-                           add_generation_prompt=add_generation_prompt, bos_token=bos,
-                           eos_token=eos, strip_bos=tok.add_bos, **extra)
+        """The prompt `messages` (OpenAI chat messages) make, as the server's /apply-template
+        renders it: the model's template (ChatML when it has none) with llama.cpp's message
+        shaping, date context and reasoning arguments, minus a leading BOS that tokenization
+        adds again. `extra`: `tools`, `tool_choice` and the other chat request fields
+        (chat.model_chat.REQUEST_FIELDS); any other keyword is a template variable
+        (chat_template_kwargs, e.g. enable_thinking=False). Bad messages raise
+        EdgeInferError."""
+        return self.chat.apply(messages, add_generation_prompt, **extra)
 
     # -- compute --------------------------------------------------------------------------
     def logits(self, ids: Sequence[int], slot: int = 0,

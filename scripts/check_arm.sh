@@ -5,13 +5,14 @@
 #
 # Builds the root once with debootstrap (reused from ARM_ROOT, default
 # ~/.cache/edgeinfer/arm64-root), installs Python and the package's aarch64 wheels in a venv
-# inside it, copies this tree in, and runs there, for both AArch64 paths (qemu's CPU has
-# every extension; numba's target variables pick the path: cortex-a76 with dotprod, sdot;
-# cortex-a72 without, NEON widening multiplies):
-#   quick: the legacy and k-quant kernel tests against their references on small shapes,
-#          the tiny-model forward against the float64 reference for the dotprod path; then
-#          `edgeinfer run` on SmolLM2 (greedy) on both paths, whose text must equal x86's
-#          portable path's (NUMBA_CPU_NAME=generic here: the same bits by construction);
+# inside it, copies this tree in, and runs there, for both AArch64 paths: numba's target
+# variables pick the path (cortex-a76 with dotprod, sdot; cortex-a72 without, NEON widening
+# multiplies) and QEMU_CPU emulates that very CPU, so an instruction it lacks traps (qemu's
+# default `max` has every extension); bookworm's qemu 7.2 models both CPUs by these names:
+#   quick: the legacy and k-quant kernel tests against their references on small shapes on
+#          both paths, the tiny-model forward against the float64 reference on the dotprod
+#          path; then `edgeinfer run` on SmolLM2 (greedy) on both paths, whose text must equal
+#          x86's portable path's (NUMBA_CPU_NAME=generic here: the same bits by construction);
 #   full:  every kernel and model test on both paths, then SmolLM2 as in quick.
 # Prints one JSON line of timings and counts at the end. Needs root (debootstrap, chroot,
 # mounts) and binfmt_misc, which these machines have.
@@ -95,36 +96,63 @@ T_SETUP=$(date +%s)
 
 # -- the checks ---------------------------------------------------------------------------------
 declare -A FEATURES=([cortex-a76]="+neon,+dotprod" [cortex-a72]="+neon")
-on_target() {  # on_target CPU COMMAND...: in the root, numba compiling for CPU
+declare -A HWCAP_DOTPROD=([cortex-a76]=1 [cortex-a72]=0)  # HWCAP_ASIMDDP, bit 20
+on_target() {  # on_target CPU COMMAND...: in the root, on CPU, numba compiling for it
     local cpu=$1
     shift
-    in_root NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="${FEATURES[$cpu]}" \
+    in_root QEMU_CPU="$cpu" NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="${FEATURES[$cpu]}" \
         NUMBA_CACHE_DIR="/root/numba-cache-$cpu" "$@"
 }
+KERNEL_FILES="tests/test_kernels_legacy.py tests/test_kernels_kquants.py"
+declare -A SUBSET FILES=([cortex-a76]="$KERNEL_FILES tests/test_model.py")
 if [ "$MODE" = full ]; then
-    TEST_TARGETS=(cortex-a76 cortex-a72)
-    SUBSET="not slow and not real"
+    SUBSET=([cortex-a76]="not slow and not real" [cortex-a72]="not slow and not real")
+    FILES[cortex-a72]="$KERNEL_FILES tests/test_model.py"
+    MAY_SKIP=1  # x86 targets' tests skip here
 else
-    TEST_TARGETS=(cortex-a76)
-    SUBSET="not slow and not real and ((vs_dequantized and (16x576 or 5x384 or 7x96)) or \
-arbitrary or outliers or forward_matches_reference_f32 or every_batch_size)"
+    # small shapes: legacy products (every n_tok, so the serial and the threaded row loops),
+    # k-quant products over two super-blocks and the Q8_K quantizer, all against their
+    # references; the forward only on the dotprod path
+    KERNELS="(vs_dequantized and (7x96 or 16x576)) or arbitrary or outliers or \
+(dequantized_reference and -512-) or q8_k or zero_activations"
+    SUBSET=([cortex-a76]="not slow and not real and ($KERNELS or forward_matches_reference_f32 \
+or every_batch_size)" [cortex-a72]="not slow and not real and ($KERNELS)")
+    FILES[cortex-a72]="$KERNEL_FILES"
+    MAY_SKIP=0
 fi
 # numba's cache knows a kernel's own file, not the IR helpers it calls from other modules:
 # compile afresh, so the checks run this tree's code
 rm -rf "$ROOT"/root/numba-cache-*
 RC=0
 SUMMARIES=()
-for cpu in "${TEST_TARGETS[@]}"; do
+for cpu in cortex-a76 cortex-a72; do
+    hwcap=$(on_target "$cpu" python -c \
+        "import ctypes; print(ctypes.CDLL(None).getauxval(16) >> 20 & 1)")
     path=$(on_target "$cpu" python -c "from edgeinfer.kernels.isa import ISA; print(ISA.NAME)")
-    say "kernel and forward tests under emulation, $cpu: the $path path"
+    say "kernel and forward tests under emulation, $cpu (asimddp $hwcap): the $path path"
+    [ "$hwcap" = "${HWCAP_DOTPROD[$cpu]}" ] || { say "QEMU_CPU=$cpu not in effect"; RC=1; }
+    rm -f "$ROOT/tmp/junit-$cpu.xml"
     set +e
-    on_target "$cpu" sh -c "cd /src && python -m pytest -q -p no:cacheprovider \
-        tests/test_kernels_legacy.py tests/test_kernels_kquants.py tests/test_model.py \
-        -k '$SUBSET'" > "/tmp/check_arm_pytest_$cpu.log" 2>&1
+    on_target "$cpu" sh -c "cd /src && python -m pytest -q -rs -p no:cacheprovider \
+        --junitxml=/tmp/junit-$cpu.xml ${FILES[$cpu]} -k '${SUBSET[$cpu]}'" \
+        > "/tmp/check_arm_pytest_$cpu.log" 2>&1
     rc=$?
     set -e
     [ $rc -eq 0 ] || RC=1
     tail -3 "/tmp/check_arm_pytest_$cpu.log" >&2
+    # each file's tests ran (a -k that matches none of a file's names fails here) and none
+    # skipped in quick (a skip there is a path not checked)
+    python3 - "$ROOT/tmp/junit-$cpu.xml" "$MAY_SKIP" ${FILES[$cpu]} <<'PY' >&2 || RC=1
+import sys, xml.etree.ElementTree as ET
+cases = list(ET.parse(sys.argv[1]).iter("testcase"))
+bad = [f"{f}: no test ran" for f in sys.argv[3:]
+       if not any(c.get("classname") == f[:-3].replace("/", ".") for c in cases)]
+bad += [f"skipped: {c.get('name')}" for c in cases
+        if c.find("skipped") is not None and sys.argv[2] == "0"]
+for b in bad:
+    print("check_arm:", b)
+sys.exit(1 if bad else 0)
+PY
     SUMMARIES+=("$cpu ($path): $(tail -1 "/tmp/check_arm_pytest_$cpu.log")")
 done
 T_TESTS=$(date +%s)

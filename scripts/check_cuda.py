@@ -10,7 +10,8 @@
 3. Speed per model: pp512 and tg128 with -ngl all and on the CPU, alternating rounds, the
    ratio GPU / CPU (targets: tg >= 3x, pp512 >= 10x), launches per token; and a CUDA build
    of llama-bench -ngl 99 on the same file when --llama-bench names one.
-Without a GPU it says so and exits 2.
+Exits 1, naming each, when a kernel test fails or skips or a model misses a target (TARGETS),
+0 when none does; without a GPU it says so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -21,18 +22,77 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf")
+KERNEL_TESTS = ("tests/test_cuda_kernels.py", "tests/test_cuda_offload.py",
+                "tests/test_cuda_ptx.py")
+# The module docstring's targets: every clear-margin top-1 agrees, the median |difference|
+# well under the golden 0.12 (under it here), and the GPU / CPU speed ratios.
+TARGETS = {"top1_agree_clear": 1.0, "median_logit_diff": 0.12, "tg": 3.0, "pp": 10.0}
+
+
+def junit_outcomes(xml_text: str) -> dict:
+    """Counts and names from a pytest junit XML: tests, failed (failures and errors),
+    skipped (name: reason)."""
+    failed, skipped, n = [], {}, 0
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        n += 1
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(name)
+        elif (skip := case.find("skipped")) is not None:
+            skipped[name] = skip.get("message", "")
+    return {"tests": n, "failed": failed, "skipped": skipped}
 
 
 def kernel_tests() -> dict:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_cuda_kernels.py",
-                           "tests/test_cuda_offload.py", "tests/test_cuda_ptx.py"],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
-    return {"returncode": done.returncode, "summary": done.stdout.strip().splitlines()[-1:]}
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p",
+                               "no:cacheprovider", f"--junitxml={xml}", *KERNEL_TESTS],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        outcomes = junit_outcomes(xml.read_text()) if xml.exists() else {"tests": 0}
+    return {"returncode": done.returncode, **outcomes,
+            "summary": done.stdout.strip().splitlines()[-1:]}
+
+
+def verdict(result: dict) -> list[str]:
+    """Each problem in check_cuda's result, one line each: a kernel test failed or skipped,
+    the test run broke, or a model missed a target of TARGETS. Empty when all passed."""
+    tests = result["kernel_tests"]
+    problems = [f"kernel test failed: {name}" for name in tests.get("failed", [])]
+    problems += [f"kernel test skipped: {name}: {why}"
+                 for name, why in tests.get("skipped", {}).items()]
+    if (tests["returncode"] != 0 and not problems) or not tests.get("tests"):
+        problems.append(f"kernel tests: pytest exited {tests['returncode']} after "
+                        f"{tests.get('tests', 0)} tests ({' '.join(tests.get('summary', []))})")
+    for name, entry in result["models"].items():
+        problems += [f"{name}: {p}" for p in model_misses(entry)]
+    return problems
+
+
+def model_misses(entry: dict) -> list[str]:
+    """The targets one model's parity and speed miss."""
+    par, ratio = entry["parity"], entry["speed"]["ratio"]
+    misses = []
+    if par["top1_agree_clear"] is None:
+        misses.append("parity: no position with a clear top-2 margin")
+    elif par["top1_agree_clear"] < TARGETS["top1_agree_clear"]:
+        misses.append(f"parity: top-1 agrees at {par['top1_agree_clear']:.3f} of the clear "
+                      f"positions (target {TARGETS['top1_agree_clear']})")
+    if not par["median_logit_diff"] < TARGETS["median_logit_diff"]:
+        misses.append(f"parity: median logit difference {par['median_logit_diff']:.4f} "
+                      f"(target < {TARGETS['median_logit_diff']})")
+    for test, value in ratio.items():
+        target = TARGETS[test[:2]]
+        if not value >= target:
+            misses.append(f"speed: {test} GPU / CPU {value:.2f}x (target >= {target}x)")
+    return misses
 
 
 def parity(path: Path, threads: int | None, positions: int = 128) -> dict:
@@ -112,11 +172,14 @@ def main() -> int:
         if args.llama_bench:
             entry["llama_bench_cuda"] = llama_bench(args.llama_bench, path)
         result["models"][path.name] = entry
+    result["verdict"] = problems = verdict(result)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    return 0
+    for problem in problems:
+        print(f"check_cuda: FAIL {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

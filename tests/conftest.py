@@ -17,6 +17,8 @@ if os.environ["NUMBA_ENABLE_CUDASIM"] == "1":
     # interval instead of 5 ms runs its kernels ~5x faster
     sys.setswitchinterval(0.0005)
 
+pytest_plugins = ["skip_policy"]  # --allowed-skips FILE: fail on a skip FILE does not allow
+
 
 def find_real_model(filename: str) -> Path | None:
     from edgeinfer.pull import models_dir

@@ -74,8 +74,10 @@ def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: i
                      n_embd: int = 256, n_ff: int = 512, n_layer: int = 2, n_head: int = 4,
                      n_kv: int = 2, head_dim: int = 64, tied: bool = True,
                      window: int = 4, n_ctx_train: int = 512,
-                     llama_sliding_window: bool = False) -> Path:
-    """Write a random model of `arch` whose matrices are `qtype` (norms stay F32)."""
+                     llama_sliding_window: bool = False,
+                     chat_template: str | None = CHATML) -> Path:
+    """Write a random model of `arch` whose matrices are `qtype` (norms stay F32), with
+    `chat_template` as tokenizer.chat_template (None: no template)."""
     assert arch in ARCH_EXTRAS
     rng = np.random.default_rng(seed)
     tokens = vocab()
@@ -97,7 +99,7 @@ def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: i
         w.add_sliding_window(window)
     if arch == "gemma3":
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
-    _add_tokenizer(w, tokens)
+    _add_tokenizer(w, tokens, chat_template)
 
     def mat(name, n_out, n_in, t=qtype):
         w.add_tensor(name, random_weight(rng, (n_out, n_in), t), raw_dtype=t)
@@ -141,7 +143,7 @@ def write_tiny_model(path: Path, arch: str = "llama", qtype: Q = Q.Q8_0, seed: i
     return Path(path)
 
 
-def _add_tokenizer(w: GGUFWriter, tokens: list[str]) -> None:
+def _add_tokenizer(w: GGUFWriter, tokens: list[str], chat_template: str | None) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -151,4 +153,5 @@ def _add_tokenizer(w: GGUFWriter, tokens: list[str]) -> None:
     w.add_bos_token_id(0)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)

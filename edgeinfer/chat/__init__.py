@@ -1,6 +1,9 @@
 """Chat: llama.cpp's chat-template and reasoning layer (common/chat.cpp and friends).
 
-Startup, once per model (common_chat_templates_init, server-context.cpp):
+One path from messages to a prompt: `load_chat(model, ...)` (model_chat.py) builds a
+`ModelChat` once per model, and `run`, the REPL, `Model.apply_chat_template` and every
+server route render with it (`chat.prompt(body)`, `chat.apply(messages, ...)`). Inside it,
+at startup (common_chat_templates_init, server-context.cpp):
 
     templates = init_templates(override,        # --chat-template value / file contents, or ""
                                model_template=meta.get("tokenizer.chat_template"),
@@ -29,17 +32,17 @@ Per request (/apply-template, /v1/chat/completions; ChatRequestError means HTTP 
 
 Lower level: `prepare_chat(templates, ChatInputs(...))` renders typed inputs;
 `messages_from_json` / `tools_from_json` read OpenAI JSON; `legacy` holds the --no-jinja
-formats; `render_chat` renders a template directly (edgeinfer.api uses it).
+formats; `render_chat` renders a template alone (no message shaping, no date context).
 """
 
 from __future__ import annotations
 
 import importlib
 
-# Each public name and its module, imported on first use: `edgeinfer run` needs only
-# render_chat (template.py), not the parser and analysis the server uses.
+# Each public name and its module, imported on first use: `edgeinfer --help` imports none.
 _MODULES = {
     "grammar": ("GrammarTrigger",),
+    "model_chat": ("ModelChat", "load_chat"),
     "message": ("ChatMsg", "ContentPart", "MsgDiff", "ToolCall", "msg_diffs"),
     "parser": ("ChatParseError", "ChatParser", "ChatSyntax", "gen_tool_call_id"),
     "prompt": ("ChatInputs", "ChatPrompt", "ChatTemplates", "ChatTool", "init_templates",

@@ -112,9 +112,10 @@ def remote_prompt(base: str, opts) -> str:
     """The prompt text: the server's chat template around it unless --raw."""
     if opts.raw:
         return opts.prompt
-    messages = [{"role": "system", "content": opts.system}] if opts.system else []
-    messages.append({"role": "user", "content": opts.prompt})
-    with _post(base, "/apply-template", {"messages": messages, **_model_field(opts)}) as r:
+    from edgeinfer.commands.run import prompt_messages
+
+    body = {"messages": prompt_messages(opts), **_model_field(opts)}
+    with _post(base, "/apply-template", body) as r:
         return json.loads(r.read())["prompt"]
 
 

@@ -84,12 +84,17 @@ def load_model(opts: RunOptions):
 
 
 def build_prompt(model, opts: RunOptions) -> str:
-    """The model's chat template around the prompt unless --raw or the model has none."""
-    if opts.raw or not model.chat_template:
+    """The prompt as the server's /apply-template renders it (the model's template, ChatML
+    when it has none), or as given under --raw."""
+    if opts.raw:
         return opts.prompt
+    return model.apply_chat_template(prompt_messages(opts))
+
+
+def prompt_messages(opts: RunOptions) -> list[dict]:
+    """The chat messages of -sys and the prompt."""
     messages = [{"role": "system", "content": opts.system}] if opts.system else []
-    messages.append({"role": "user", "content": opts.prompt})
-    return model.apply_chat_template(messages)
+    return [*messages, {"role": "user", "content": opts.prompt}]
 
 
 def print_timings(t) -> None:

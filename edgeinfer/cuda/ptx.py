@@ -1,12 +1,15 @@
 """Compile every CUDA kernel to PTX for a compute capability, with no GPU and no driver:
 numba-cuda's real typing and code generation (NVVM), so code that the simulator runs but
-the GPU target rejects fails here. `python -m edgeinfer.cuda.ptx 80 90` prints a JSON
-summary per kernel (CI: tests/test_cuda_ptx.py; run with NUMBA_ENABLE_CUDASIM=0)."""
+the GPU target rejects fails here. `python -m edgeinfer.cuda.ptx 80 90 [--out DIR]` prints a
+JSON summary per kernel and writes DIR/sm_80/NAME.ptx for ptxas (CI: tests/test_cuda_ptx.py;
+run with NUMBA_ENABLE_CUDASIM=0)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 
@@ -67,10 +70,19 @@ def summary(ptx: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description="every CUDA kernel's PTX, with no GPU")
+    ap.add_argument("cc", nargs="*", default=["80", "90"], help="compute capabilities: 80 90")
+    ap.add_argument("--out", type=Path, default=None, help="write DIR/sm_CC/NAME.ptx")
+    args = ap.parse_args(argv)
     result = {}
-    for arg in argv or ["80", "90"]:
+    for arg in args.cc:
         cc = (int(arg[:-1]), int(arg[-1]))
-        result[f"sm_{arg}"] = {name: summary(ptx) for name, ptx in compile_all(cc).items()}
+        kernels = compile_all(cc)
+        result[f"sm_{arg}"] = {name: summary(ptx) for name, ptx in kernels.items()}
+        if args.out:
+            (args.out / f"sm_{arg}").mkdir(parents=True, exist_ok=True)
+            for name, ptx in kernels.items():
+                (args.out / f"sm_{arg}" / f"{name}.ptx").write_text(ptx)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff, chat_prompt
+from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff
 from edgeinfer.chat.grammar import LazyStart
 from edgeinfer.server import responses as fmt
 from edgeinfer.server.apis import ChatMeta, ChatOutcome
@@ -43,8 +43,7 @@ class ChatPrompt:
 
 def _template_prompt(server: Server, body: dict):
     check_chat_fields(body)
-    chat = server.engine.chat
-    return chat_prompt(chat.templates, body, chat.settings)
+    return server.engine.chat.prompt(body)
 
 
 async def prepare(server: Server, body: dict, generate: bool = True) -> ChatPrompt:
