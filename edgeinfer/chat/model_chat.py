@@ -2,7 +2,7 @@
 (llama.cpp's common_chat_templates_init and server_chat_params), rendering every request.
 
 `run`, the REPL and `Model.apply_chat_template` use it through `Model.chat`, built with the
-settings table's defaults; the server builds one from its flags (server/chat_setup.py). All
+settings table's defaults; the server builds one from its flags (server/engine.py). All
 of them render through `chat_prompt`: the capability-based message shaping, the date
 context, the reasoning arguments, tools, and ChatML for a model without a template.
 """

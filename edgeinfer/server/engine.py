@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeinfer.server.chat_setup import ServerChat, load_chat
+from edgeinfer.chat.model_chat import ModelChat, load_chat
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.events import ErrorEvent, FinalEvent, Job, ProgressEvent, TokenEvent
 from edgeinfer.server.kv_slots import ServerKV
@@ -57,7 +57,7 @@ class Engine(threading.Thread):
         self.draining = False  # shutting down: waiting and new jobs are refused
         self.aborting = False  # the grace period is over: running jobs are ended too
         self.info: ModelInfo | None = None  # kept while the model sleeps
-        self.chat: ServerChat | None = None  # the chat templates, likewise
+        self.chat: ModelChat | None = None  # the chat templates, likewise
         # sleeping (--sleep-idle-seconds): the model is unloaded until a request needs it
         self.sleeping = False
         self.awake = threading.Event()
@@ -211,7 +211,9 @@ class Engine(threading.Thread):
                                 gpu_layers=opts.gpu_layers, notes=_log_note,
                                 kv_cells=max(0, opts.n_ctx))
         if self.chat is None:  # the templates outlive a sleeping model
-            self.chat = load_chat(self.model, self.settings.chat)
+            c = self.settings.chat
+            self.chat = load_chat(self.model, c.template, jinja=c.jinja, reasoning=c.reasoning,
+                                  reasoning_format=c.reasoning_format)
         settle_heap()
         self.info = self.info or model_info(self.model, self.model_path)
         tf = self.model.transformer
