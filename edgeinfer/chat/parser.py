@@ -35,6 +35,7 @@ included. ChatParser also gives each call an id, once, as llama-server does.
 
 from __future__ import annotations
 
+import logging
 import random
 import string
 from collections.abc import Callable
@@ -50,6 +51,8 @@ from edgeinfer.chat.message import ChatMsg, MsgDiff, msg_diffs
 from edgeinfer.chat.tool_analysis import ToolFormat
 from edgeinfer.chat.tool_parser import TOOL_PARSERS
 from edgeinfer.errors import EdgeInferError
+
+log = logging.getLogger(__name__)
 
 # Output formats (common_chat_format): no grammar; the generic grammar; everything after the
 # generation prompt is content (--skip-chat-parsing).
@@ -160,6 +163,8 @@ def parse_output(parser: peg.Parser, syntax: ChatSyntax, text: str, partial: boo
     if result.fail:
         if partial and result.end > 0:
             return ChatMsg()
+        whole = syntax.generation_prompt + text
+        log.warning("unparsed %s output: %r", syntax.format, whole[result.end:])
         raise ChatParseError("The model produced output that does not match the expected "
                              f"{syntax.format} format")
     return message_from_tree(result)

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from edgeinfer.server import responses as fmt
 from edgeinfer.server.engine import ErrorEvent, FinalEvent, Job, TokenEvent
-from edgeinfer.server.errors import bad_request, context_exceeded
+from edgeinfer.server.errors import ApiError, bad_request, context_exceeded
 from edgeinfer.server.params import GenParams, PromptPiece
 
 if TYPE_CHECKING:
@@ -244,7 +244,11 @@ def frames(run: Run, render: Callable[[int, Any], str], render_error: Callable[[
                 if isinstance(event, ErrorEvent):
                     yield render_error(event.error.body())
                     break
-                text = render(index, event)
+                try:
+                    text = render(index, event)
+                except ApiError as exc:  # e.g. output the chat format cannot parse
+                    yield render_error(exc.body())
+                    break
                 if text:
                     yield text
             else:
