@@ -7,7 +7,6 @@ pieces come through the `piece` callable (token id -> bytes).
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import string
@@ -25,13 +24,6 @@ FLOAT_LOWEST = -3.4028234663852886e38  # llama-server sends this instead of -inf
 BUILD_INFO = f"b0-edgeinfer-{__version__}"
 Piece = Callable[[int], bytes]
 _ALNUM = string.ascii_letters + string.digits
-
-
-def sse(obj: dict | str) -> str:
-    """One SSE event, compact JSON, as llama-server frames it."""
-    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"),
-                                                       ensure_ascii=False)
-    return f"data: {data}\n\n"
 
 
 def completion_id() -> str:

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from edgeinfer.server import responses as fmt
+from edgeinfer.server.apis import sse_frame
 from edgeinfer.server.engine import ErrorEvent, FinalEvent, Job, TokenEvent
 from edgeinfer.server.errors import ApiError, bad_request, context_exceeded
 from edgeinfer.server.params import GenParams, PromptPiece
@@ -223,8 +224,8 @@ class EventStream(StreamingResponse):
 def stream(run: Run, chunks: Chunker, done_marker: bool, ping: float) -> EventStream:
     """SSE: each event's chunks as `data:` lines, `:` pings while nothing comes, `[DONE]`
     on the /v1 routes. Closing the connection cancels the remaining jobs."""
-    return frames(run, lambda index, event: "".join(fmt.sse(c) for c in chunks(index, event)),
-                  lambda body: fmt.sse(body), fmt.sse("[DONE]") if done_marker else "", ping)
+    return frames(run, lambda index, event: "".join(sse_frame(c) for c in chunks(index, event)),
+                  sse_frame, sse_frame("[DONE]") if done_marker else "", ping)
 
 
 def frames(run: Run, render: Callable[[int, Any], str], render_error: Callable[[dict], str],

@@ -15,6 +15,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from edgeinfer.server.apis import sse_frame
 from edgeinfer.server.errors import ApiError
 from edgeinfer.server.router.workers import Pool, Worker
 from edgeinfer.server.routes.ui import add_ui_routes
@@ -22,6 +23,7 @@ from edgeinfer.server.security import AccessMiddleware, AccessPolicy, key_matche
 
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding"}
 DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+WORKER_STOPPED = ApiError(503, "the model's worker stopped", "unavailable_error")
 UNITS = {None: 1.0, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -175,8 +177,7 @@ def create_router_app(pool: Pool, api_keys: tuple[str, ...], ui: bool = True,
                 async for chunk in upstream.aiter_raw():
                     yield chunk
             except httpx.HTTPError:  # the worker died mid-stream: end it with an error
-                yield (b'data: {"error": {"code": 503, "message": "the model\'s worker '
-                       b'stopped", "type": "unavailable_error"}}\n\n')
+                yield sse_frame(WORKER_STOPPED.body()).encode()
             finally:
                 await upstream.aclose()
                 w.in_flight -= 1

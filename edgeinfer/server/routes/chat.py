@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff
 from edgeinfer.chat.grammar import LazyStart
 from edgeinfer.server import responses as fmt
-from edgeinfer.server.apis import ChatMeta, ChatOutcome
+from edgeinfer.server.apis import ChatMeta, ChatOutcome, sse_frame
 from edgeinfer.server.apis import anthropic as anthropic_api
 from edgeinfer.server.apis import oai_responses as responses_api
 from edgeinfer.server.apis.oai_chat import OaiChatReply
@@ -147,8 +147,8 @@ async def chat(server: Server, request: Request) -> Response:
             else:
                 diffs, outcome = choice.finish(event)
                 chunks = reply.final(index, diffs, outcome, first=event.n_decoded == 0)
-            return "".join(fmt.sse(c) for c in chunks)
-        return frames(run, render, fmt.sse, fmt.sse("[DONE]"), server.ping_interval(params))
+            return "".join(sse_frame(c) for c in chunks)
+        return frames(run, render, sse_frame, sse_frame("[DONE]"), server.ping_interval(params))
     outcomes, results = await _outcomes(request, run, prompt)
     logprobs = [fmt.probs_json(r.probs, server.piece) for r in results] \
         if prompt.req.logprobs else None
