@@ -12,12 +12,20 @@ import numba
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import KEY_BLOCK, attention, scratch_floats, shared_floats
+from edgeinfer.kernels.attention import (
+    KEY_BLOCK,
+    attention,
+    key_ranges,
+    scratch_floats,
+    shared_floats,
+)
 from edgeinfer.kernels.attention import task_address as attention_task
 from edgeinfer.kernels.flash import flash_attention
 from edgeinfer.kernels.flash import task_address as flash_task
 
 ATOL = 1.5e-3
+TWO_THREADS = pytest.param(2, marks=pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                                       reason="the split needs 2 threads"))
 
 
 def reference(q, k_cache, v_cache, slots, positions, window, scale, round_q=True):
@@ -69,6 +77,28 @@ def run(q, k_cache, v_cache, slots, positions, window, scale, threads=1, scratch
     return out
 
 
+def run_split(q, k_cache, v_cache, slots, positions, window, scale, threads, kernel=attention,
+              tables=None):
+    """run with `shared` scratch of shared_floats(...): (out, the key ranges per row that the
+    kernels' plan splits these rows into on `threads` threads, 1: none), the plan checked
+    against the call: its partial results are in `shared` exactly when the plan splits."""
+    n_head, hd = q.shape[1:]
+    n_ctx = k_cache.shape[1] * (1 if tables is None else tables.shape[1])
+    shared = np.zeros(shared_floats(n_head, hd, n_ctx, numba.config.NUMBA_NUM_THREADS),
+                      np.float32)
+    out = run(q, k_cache, v_cache, slots, positions, window, scale, threads, kernel=kernel,
+              shared=shared, tables=tables)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        ranges = key_ranges(positions, window, n_head, k_cache.shape[2], hd, n_ctx,
+                            flash=kernel is flash_attention)
+    finally:
+        numba.set_num_threads(old)
+    assert np.any(shared != 0) == (ranges > 1), ranges
+    return out, ranges
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     "n_head, n_kv, hd, start, n, window",
@@ -105,18 +135,20 @@ def test_mixed_slots_and_positions_in_one_batch(threads):
         np.testing.assert_allclose(ours, ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, TWO_THREADS])
 @pytest.mark.parametrize("n_head, n_kv, hd, window", [(9, 3, 64, 0), (4, 1, 256, 0),
                                                        (4, 1, 256, 512)])
 def test_long_context_decode(n_head, n_kv, hd, window, threads):
-    """One token over thousands of cached cells (on 2 threads its keys are split into
-    ranges whose partial softmaxes are merged)."""
+    """One token over thousands of cached cells (on 2 threads, unless a 512-cell window
+    leaves it too few, its keys are split into ranges whose partial softmaxes are merged)."""
     rng = np.random.default_rng(hd)
     k, v = make_cache(rng, 1, 4200, n_kv, hd)
     q = rng.standard_normal((2, n_head, hd)).astype(np.float32)
     for positions in ([4150], [4150, 3000]):
         m = len(positions)
-        ours = run(q[:m], k, v, [0] * m, positions, window, 0.1, threads)
+        ours, ranges = run_split(q[:m], k, v, [0] * m, positions, window, 0.1, threads)
+        if m == 1:
+            assert (ranges > 1) == (threads == 2 and window == 0), ranges
         ref = reference(q[:m], k, v, [0] * m, positions, window, 0.1)
         np.testing.assert_allclose(ours, ref, atol=ATOL / 4, rtol=0)
 
@@ -161,11 +193,13 @@ def test_long_row_is_the_same_bits_alone_split_or_in_a_batch(position, window):
     k, v = make_cache(rng, 8, 2700, 3, 64)
     q = rng.standard_normal((8, 9, 64)).astype(np.float32)
     positions = [position] + [40 + 9 * i for i in range(7)]
-    split = run(q[:1], k, v, [0], positions[:1], window, 0.125, threads=2)
+    split, ranges = run_split(q[:1], k, v, [0], positions[:1], window, 0.125, threads=2)
+    assert ranges > 1, ranges  # the lone row's keys really are split
     serial = run(q[:1], k, v, [0], positions[:1], window, 0.125, threads=1)
-    batch = run(q, k, v, list(range(8)), positions, window, 0.125, threads=2)
-    prefill = run(q[:1].repeat(3, 0), k, v, [0] * 3, [position - 2, position - 1, position],
-                  window, 0.125, threads=2)
+    batch, batch_ranges = run_split(q, k, v, list(range(8)), positions, window, 0.125, 2)
+    prefill, prefill_ranges = run_split(q[:1].repeat(3, 0), k, v, [0] * 3,
+                                        [position - 2, position - 1, position], window, 0.125, 2)
+    assert batch_ranges == prefill_ranges == 1  # and neither of those is
     np.testing.assert_array_equal(split[0], serial[0])
     np.testing.assert_array_equal(split[0], batch[0])
     ref = reference(q[:1], k, v, [0], positions[:1], window, 0.125)
@@ -239,7 +273,7 @@ def paged(rng, k_cache, v_cache, block):
 
 
 @pytest.mark.parametrize("kernel", [attention, flash_attention], ids=["plain", "flash"])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, TWO_THREADS])
 @pytest.mark.parametrize("block", [KEY_BLOCK, 2 * KEY_BLOCK, 4 * KEY_BLOCK])
 @pytest.mark.parametrize(
     "n_head, n_kv, hd, positions, slots, window",
@@ -259,9 +293,13 @@ def test_paged_cache_is_bit_for_bit_the_contiguous_one(kernel, threads, block, n
     q = rng.standard_normal((len(positions), n_head, hd)).astype(np.float32)
     k_pool, v_pool, tables = paged(rng, k, v, block)
     args = (slots, positions, window, 0.125, threads)
-    contiguous = run(q, k, v, *args, kernel=kernel)
-    through_tables = run(q, k_pool, v_pool, *args, kernel=kernel, tables=tables)
+    contiguous, ranges = run_split(q, k, v, *args, kernel=kernel)
+    through_tables, paged_ranges = run_split(q, k_pool, v_pool, *args, kernel=kernel,
+                                             tables=tables)
     np.testing.assert_array_equal(through_tables, contiguous)
+    assert paged_ranges == ranges
+    if len(positions) == 1:  # the long decode row
+        assert (ranges > 1) == (threads == 2), ranges
 
 
 def test_store_kv_writes_through_the_block_tables():

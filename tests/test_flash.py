@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from test_attention import make_cache, reference
+from test_attention import TWO_THREADS, make_cache, reference, run_split
 from test_attention import run as run_kernel
 
 from edgeinfer.kernels.attention import KEY_BLOCK
@@ -115,14 +115,15 @@ def test_gemma_like_decode_f16_path():
     assert_f16_path(ours, one_chunk_transcript(q, k, v, [0, 1], [299, 130], 0, 0.0625))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, TWO_THREADS])
 def test_long_context_decode_split_keys(threads):
     """One token over 4150 cached cells: on 2 threads its keys are split into ranges whose
     (max, sum, accumulator) parts are merged as ggml's reduce_partials does."""
     rng = np.random.default_rng(64)
     k, v = make_cache(rng, 1, 4200, 3, 64)
     q = rng.standard_normal((1, 9, 64)).astype(np.float32)
-    ours = run(q, k, v, [0], [4150], 0, 0.1, threads)
+    ours, ranges = run_split(q, k, v, [0], [4150], 0, 0.1, threads, kernel=flash_attention)
+    assert (ranges > 1) == (threads == 2), ranges  # the keys really are split on 2 threads
     # F16 accumulation over thousands of keys: error grows with the row, not the split
     np.testing.assert_allclose(ours, reference(q, k, v, [0], [4150], 0, 0.1, True), atol=3e-3,
                                rtol=0)

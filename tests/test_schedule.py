@@ -14,7 +14,8 @@ from edgeinfer.kernels.schedule import MAX_SEGMENTS, chunk_counters, n_workers, 
 @njit(parallel=True, nogil=True)
 def _run_chunks(n_chunks, runs, first, spin):
     """runs[c] counts chunk c's runs; first[task] is the first chunk task ran; chunk c spins
-    spin[c] rounds (uneven costs make threads help each other)."""
+    spin[c] rounds (uneven costs make threads help each other). Returns the segments (tasks)
+    the chunks were split into."""
     counters, n_seg = chunk_counters(), n_workers(n_chunks)
     for task in prange(n_seg):
         c, k = next_chunk(counters, np.int64(task), np.int64(0), n_chunks, n_seg)
@@ -27,9 +28,14 @@ def _run_chunks(n_chunks, runs, first, spin):
                 x += np.sqrt(np.float64(i))
             runs[c] += 0 if x >= 0 else 1
             c, k = next_chunk(counters, np.int64(task), k, n_chunks, n_seg)
+    return n_seg
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+TWO_THREADS = pytest.param(2, marks=pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
+                                                       reason="the split needs 2 threads"))
+
+
+@pytest.mark.parametrize("threads", [1, TWO_THREADS])
 @pytest.mark.parametrize("n_chunks", [0, 1, 3, 257])
 @pytest.mark.parametrize("skew", ["even", "front-heavy", "back-heavy"])
 def test_every_chunk_runs_exactly_once(threads, n_chunks, skew):
@@ -43,7 +49,8 @@ def test_every_chunk_runs_exactly_once(threads, n_chunks, skew):
         for _ in range(10):  # fresh counters on each call
             runs = np.zeros(n_chunks, np.int64)
             first = np.full(MAX_SEGMENTS, -1, np.int64)
-            _run_chunks(n_chunks, runs, first, spin)
+            n_seg = _run_chunks(n_chunks, runs, first, spin)
+            assert n_seg == max(1, min(threads, n_chunks))  # split among the threads
             assert np.array_equal(runs, np.ones(n_chunks, np.int64))
             # every task that ran a chunk began inside some segment's range (its own, unless
             # a late start found it already done by the others)

@@ -542,9 +542,10 @@ def _run_item(w, n_items, chunk, q, k_cache, v_cache, slots, tables, positions, 
 
 @njit(cache=True, nogil=True)
 def _plan(positions, window, n_head, n_kv, hd, tile):
-    """How a call splits: (parallel, tokens per work item, work items, longest key range).
-    Below SERIAL_MACS multiply-adds (q.k and p.v), waking the other threads costs more
-    than it saves. In parallel, small batches get smaller tiles so every thread has work."""
+    """How a call splits: (parallel, tokens per work item, work items, longest key range,
+    key ranges per row). Below SERIAL_MACS multiply-adds (q.k and p.v), waking the other
+    threads costs more than it saves. In parallel, small batches get smaller tiles so every
+    thread has work, and few long rows (decode) have their keys split (_split_parts)."""
     n = positions.shape[0]
     # numba.get_num_threads() inside a kernel goes through a ctypes pointer, which stops
     # caching; its intrinsic calls the same C function by name.
@@ -556,7 +557,9 @@ def _plan(positions, window, n_head, n_kv, hd, tile):
         longest = max(longest, hi - lo)
     parallel = n_thr > 1 and macs >= SERIAL_MACS
     chunk = max(1, min(tile, n // (2 * n_thr))) if parallel else tile
-    return parallel, chunk, (n + chunk - 1) // chunk * n_kv, longest
+    n_items = (n + chunk - 1) // chunk * n_kv
+    n_part = _split_parts(n_items, longest) if parallel else 1
+    return parallel, chunk, n_items, longest, n_part
 
 
 @njit(cache=True, nogil=True)
@@ -689,10 +692,9 @@ def attention(q, k_cache, v_cache, slots, tables, positions, window, scale, scor
     n_ctx, n_kv = tables.shape[1] * k_cache.shape[1], k_cache.shape[2]
     group = n_head // n_kv
     tile = _tile_tokens(group, n_ctx)
-    parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, tile)
+    parallel, chunk, n_items, longest, n_part = _plan(positions, window, n_head, n_kv, hd, tile)
     need = _scratch_floats(tile * group, hd, n_ctx)
     work = scores if scores.shape[1] >= need else np.empty((scores.shape[0], need), np.float32)
-    n_part = _split_parts(n_items, longest) if parallel else 1
     split = shared
     if n_part > 1:  # the rows' scores, then each segment's value sums
         size = n * n_head * longest + _max_segments(longest) * n * n_head * hd
@@ -701,6 +703,17 @@ def attention(q, k_cache, v_cache, slots, tables, positions, window, scale, scor
               k_cache, v_cache, slots, tables, positions, window, scale, work, split, out)
     if n_part > 1:
         _sum_segments(split, positions, window, longest, out)
+
+
+def key_ranges(positions, window: int, n_head: int, n_kv: int, head_dim: int, n_ctx: int,
+               flash: bool = False) -> int:
+    """Key ranges per row that attention (flash_attention when flash) splits the keys of
+    rows at `positions` into on this thread's numba thread count; 1: not split. The kernels'
+    own plan (_plan), for the tests that check a split happens."""
+    tile = TILE_TOKENS if flash else _tile_tokens(n_head // n_kv, n_ctx)
+    positions = np.ascontiguousarray(positions, np.int32)
+    return int(_plan(positions, np.int64(window), np.int64(n_head), np.int64(n_kv),
+                     np.int64(head_dim), np.int64(tile))[4])
 
 
 def task_address() -> int:

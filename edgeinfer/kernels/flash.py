@@ -47,7 +47,6 @@ from edgeinfer.kernels.attention import (
     _same_keys,
     _scaled_max,
     _scores4,
-    _split_parts,
     _tile_setup,
     _tile_views,
     _work_item,
@@ -357,11 +356,11 @@ def flash_attention(q, k_cache, v_cache, slots, tables, positions, window, scale
     n, n_head, hd = q.shape
     n_kv = k_cache.shape[2]
     group = n_head // n_kv
-    parallel, chunk, n_items, longest = _plan(positions, window, n_head, n_kv, hd, TILE_TOKENS)
+    parallel, chunk, n_items, longest, n_part = _plan(positions, window, n_head, n_kv, hd,
+                                                      TILE_TOKENS)
     need = _flash_floats(TILE_TOKENS * group, hd)
     work = scratch if scratch.shape[1] >= need else np.empty((scratch.shape[0], need),
                                                              np.float32)
-    n_part = _split_parts(n_items, longest) if parallel else 1
     split = shared
     if n_part > 1:
         # Few long rows (decode): each row's keys in parts across the threads (chunk == 1),
