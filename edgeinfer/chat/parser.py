@@ -159,12 +159,12 @@ def tool_body_parser(syntax: ChatSyntax) -> Callable | None:
 def parse_output(parser: peg.Parser, syntax: ChatSyntax, text: str, partial: bool) -> ChatMsg:
     """common_chat_peg_parse: `text` is everything generated so far. A partial text that
     does not fit the grammar (yet) is an empty message; a complete one raises."""
-    result = peg.parse(parser, syntax.generation_prompt + text, lenient=True)
+    source = syntax.generation_prompt + text
+    result = peg.parse(parser, source, lenient=True)
     if result.fail:
         if partial and result.end > 0:
             return ChatMsg()
-        whole = syntax.generation_prompt + text
-        log.warning("unparsed %s output: %r", syntax.format, whole[result.end:])
+        log.warning("unparsed %s output: %r", syntax.format, source[result.end:])
         raise ChatParseError("The model produced output that does not match the expected "
                              f"{syntax.format} format")
     return message_from_tree(result)

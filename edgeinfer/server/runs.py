@@ -242,12 +242,11 @@ def frames(run: Run, render: Callable[[int, Any], str], render_error: Callable[[
                     yield ":\n\n"  # keep-alive comment, ignored by SSE parsers
                     continue
                 index, event = item
-                if isinstance(event, ErrorEvent):
-                    yield render_error(event.error.body())
-                    break
                 try:
+                    if isinstance(event, ErrorEvent):
+                        raise event.error
                     text = render(index, event)
-                except ApiError as exc:  # e.g. output the chat format cannot parse
+                except ApiError as exc:  # the engine's, or e.g. unparsable chat output
                     yield render_error(exc.body())
                     break
                 if text:

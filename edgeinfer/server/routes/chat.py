@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from edgeinfer.chat import ChatParseError, ChatParser, MsgDiff
 from edgeinfer.chat.grammar import LazyStart
 from edgeinfer.server import responses as fmt
-from edgeinfer.server.apis import ChatMeta, ChatOutcome, sse_frame
+from edgeinfer.server.apis import ChatMeta, ChatOutcome
 from edgeinfer.server.apis import anthropic as anthropic_api
 from edgeinfer.server.apis import oai_responses as responses_api
 from edgeinfer.server.apis.oai_chat import OaiChatReply
@@ -27,7 +27,15 @@ from edgeinfer.server.engine import FinalEvent, ProgressEvent, TokenEvent
 from edgeinfer.server.errors import ApiError, bad_request
 from edgeinfer.server.params import ChatRequest, GenParams, check_chat_fields, parse_chat
 from edgeinfer.server.routes.completions import verbose_field
-from edgeinfer.server.runs import Run, check_prompt, collect, each_completion, frames, start_run
+from edgeinfer.server.runs import (
+    Run,
+    check_prompt,
+    collect,
+    each_completion,
+    frames,
+    start_run,
+    stream,
+)
 from edgeinfer.server.state import Server
 from edgeinfer.structured.compile import Constraint
 
@@ -136,19 +144,17 @@ async def chat(server: Server, request: Request) -> Response:
     if params.stream:
         choices = [Choice(prompt.new_parser()) for _ in run.jobs]
 
-        def render(index: int, event: Any) -> str:
+        def render(index: int, event: Any) -> list[dict]:
             choice = choices[index]
             if isinstance(event, ProgressEvent):
-                chunks = reply.partial(index, [], False, progress=fmt.progress_json(event))
-            elif isinstance(event, TokenEvent):
+                return reply.partial(index, [], False, progress=fmt.progress_json(event))
+            if isinstance(event, TokenEvent):
                 probs = fmt.probs_json([event.probs], server.piece) if event.probs else None
-                chunks = reply.partial(index, choice.feed(event.text), event.n_decoded == 1,
-                                       probs, event.timings)
-            else:
-                diffs, outcome = choice.finish(event)
-                chunks = reply.final(index, diffs, outcome, first=event.n_decoded == 0)
-            return "".join(sse_frame(c) for c in chunks)
-        return frames(run, render, sse_frame, sse_frame("[DONE]"), server.ping_interval(params))
+                return reply.partial(index, choice.feed(event.text), event.n_decoded == 1,
+                                     probs, event.timings)
+            diffs, outcome = choice.finish(event)
+            return reply.final(index, diffs, outcome, first=event.n_decoded == 0)
+        return stream(run, render, True, server.ping_interval(params))
     outcomes, results = await _outcomes(request, run, prompt)
     logprobs = [fmt.probs_json(r.probs, server.piece) for r in results] \
         if prompt.req.logprobs else None
